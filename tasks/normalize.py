@@ -1,0 +1,198 @@
+"""Normalised forms of prompt text, stable content hashes, and bulk tokenisation.
+
+Two forms, for two jobs:
+- `normalize_text` (Unicode NFKC, case-folded, whitespace collapsed) is what exact
+  dedup and content ids hash: two logs that differ only in case, spacing or full-width
+  characters are the same task.
+- `strong_tokens` / `normalize_strong` additionally drop punctuation, so decontamination
+  and near-duplicate detection survive "What is 17*23?" becoming "what is 17 * 23".
+  Arithmetic operators (`+ * / = < > ^ %`) are kept as one-character tokens because
+  they are content, not formatting: "17+23" and "17*23" are different problems and
+  must not normalise to the same text. Every other non-alphanumeric character
+  (ASCII punctuation, `_`, `-`, Unicode punctuation and symbols) becomes a separator.
+
+`tokenize_batch` produces the same tokens as `strong_tokens`, but for a whole batch of
+texts at once and as stable 64-bit hashes: the Unicode work runs once on the joined
+batch (C loops inside CPython), then numpy finds token boundaries and hashes them with
+a polynomial rolling hash. Nothing here uses `hash()`, whose value changes between
+processes, so ids and hashes are the same in every run, on every machine.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+OPERATORS = "+*/=<>^%"
+_STRONG_TOKEN = re.compile(r"[^\W_]+|[" + re.escape(OPERATORS) + "]")
+# Non-ASCII characters that are not word characters (Unicode punctuation, symbols,
+# spaces); ASCII is classified by the byte table below, so this only runs on the rest.
+_NON_ASCII_NON_WORD = re.compile(r"(?![\x00-\x7f])\W")
+_SEP = "\x00"  # joins a batch; NFKC and casefold never create or consume it
+_U64 = np.uint64
+_MASK64 = (1 << 64) - 1
+# Odd multipliers (invertible mod 2^64) for the byte and token polynomial hashes.
+_BYTE_BASE = 0x9E3779B97F4A7C15
+_TOKEN_BASE = 0xC2B2AE3D27D4EB4F
+_LENGTH_MIX = 0x165667B19E3779F9
+
+
+def normalize_text(text: str) -> str:
+    """NFKC, case-folded, whitespace runs collapsed to one space, trimmed."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def strong_tokens(text: str) -> list[str]:
+    """The words and operators of `normalize_text(text)`, punctuation dropped."""
+    return _STRONG_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def normalize_strong(text: str) -> str:
+    """`strong_tokens` joined by single spaces: the decontamination/near-dup form."""
+    return " ".join(strong_tokens(text))
+
+
+def content_hash(text: str) -> str:
+    """sha256 hex of the normalised text: the content id of a prompt."""
+    return hashlib.sha256(normalize_text(text).encode("utf-8")).hexdigest()
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, vectorised: spreads every input bit over all output bits."""
+    z = values.astype(_U64, copy=True)
+    z ^= z >> _U64(30)
+    z *= _U64(0xBF58476D1CE4E5B9)
+    z ^= z >> _U64(27)
+    z *= _U64(0x94D049BB133111EB)
+    z ^= z >> _U64(31)
+    return z
+
+
+@functools.lru_cache(maxsize=8)
+def _powers(base: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """base^i and base^-i mod 2^64 for i < size (size is a power of two, so few sizes)."""
+    inverse = pow(base, -1, 1 << 64)
+    up = np.full(size, base, dtype=_U64)
+    up[0] = 1
+    down = np.full(size, inverse, dtype=_U64)
+    down[0] = 1
+    with np.errstate(over="ignore"):
+        return np.multiply.accumulate(up), np.multiply.accumulate(down)
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """Strong tokens of a batch of texts as stable 64-bit hashes.
+
+    hashes[offsets[d]:offsets[d+1]] are the tokens of text d, in order.
+    """
+
+    hashes: np.ndarray  # uint64, one per token
+    offsets: np.ndarray  # int64, len(texts) + 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def span_hashes(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Hashes of every run of m consecutive tokens inside one text, and its text index.
+
+        The hash of a run depends only on its tokens and m, so the same words hash the
+        same in any text and any process (a polynomial over token hashes, mixed).
+        """
+        n_tokens = self.hashes.size
+        if m <= 0 or n_tokens < m:
+            return np.empty(0, _U64), np.empty(0, np.int64)
+        doc_of_token = np.repeat(np.arange(self.lengths.size), self.lengths)
+        starts = np.arange(n_tokens - m + 1)
+        starts = starts[starts + m <= self.offsets[1:][doc_of_token[starts]]]
+        return self._runs(starts, np.full(starts.size, m), doc_of_token), doc_of_token[starts]
+
+    def whole_hashes(self) -> np.ndarray:
+        """One hash per text over all its tokens; equal to span_hashes(len) of that text."""
+        doc_of_token = np.repeat(np.arange(self.lengths.size), self.lengths)
+        return self._runs(self.offsets[:-1], self.lengths, doc_of_token)
+
+    def _runs(self, starts: np.ndarray, lengths: np.ndarray, doc_of_token: np.ndarray) -> np.ndarray:
+        # positions count from each text's first token, so the power tables stay as
+        # short as the longest text, not as long as the batch
+        relative = np.arange(self.hashes.size) - self.offsets[:-1][doc_of_token]
+        prefix, down = _positional_prefix(self.hashes, relative, _TOKEN_BASE)
+        first = np.minimum(starts, max(self.hashes.size - 1, 0))
+        scale = down[relative[first]] if self.hashes.size else np.ones(starts.size, _U64)
+        with np.errstate(over="ignore"):
+            poly = (prefix[starts + lengths] - prefix[starts]) * scale
+            poly += lengths.astype(_U64) * _U64(_LENGTH_MIX)
+        return mix64(poly)
+
+
+def _positional_prefix(values: np.ndarray, relative: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """prefix[i] = sum_{j<i} values[j] * base^relative[j] (mod 2^64), and base^-k.
+
+    A run that shares one reference point hashes to (prefix[end] - prefix[start]) *
+    base^-relative[start]: the same value wherever the run sits.
+    """
+    size = int(relative.max()) + 1 if relative.size else 1
+    up, down = _powers(base, 1 << max(10, size.bit_length()))
+    prefix = np.zeros(values.size + 1, dtype=_U64)
+    with np.errstate(over="ignore"):
+        np.cumsum(values.astype(_U64) * up[relative], out=prefix[1:])
+    return prefix, down
+
+
+def _byte_classes() -> np.ndarray:
+    """0 = separator, 1 = word byte, 2 = operator; bytes >= 0x80 are parts of words
+    (non-word non-ASCII characters were already replaced by spaces)."""
+    table = np.zeros(256, dtype=np.uint8)
+    for code in range(256):
+        char = chr(code)
+        if code >= 0x80 or (char.isascii() and char.isalnum()):
+            table[code] = 1
+        elif char in OPERATORS:
+            table[code] = 2
+    return table
+
+
+_CLASSES = _byte_classes()
+
+
+def _joined_form(texts: list[str]) -> str:
+    joined = _SEP.join(texts)
+    if joined.count(_SEP) != max(len(texts) - 1, 0):
+        joined = _SEP.join(text.replace(_SEP, " ") for text in texts)
+    folded = unicodedata.normalize("NFKC", joined).casefold()
+    if not folded.isascii():
+        folded = _NON_ASCII_NON_WORD.sub(" ", folded)
+    return folded
+
+
+def tokenize_batch(texts: list[str]) -> TokenBatch:
+    """Strong tokens of every text, hashed; the same tokens `strong_tokens` returns."""
+    data = np.frombuffer(_joined_form(texts).encode("utf-8"), dtype=np.uint8)
+    if data.size == 0:
+        return TokenBatch(np.empty(0, _U64), np.zeros(len(texts) + 1, np.int64))
+    cls = _CLASSES[data]
+    prev = np.empty_like(cls)
+    prev[0], prev[1:] = 0, cls[:-1]
+    nxt = np.empty_like(cls)
+    nxt[-1], nxt[:-1] = 0, cls[1:]
+    word = cls == 1
+    starts = np.flatnonzero((word & (prev != 1)) | (cls == 2))
+    ends = np.flatnonzero((word & (nxt != 1)) | (cls == 2)) + 1
+    separators = np.flatnonzero(data == 0)
+    # positions count from each text's start (the byte after its separator)
+    text_start = np.zeros(data.size, dtype=np.int64)
+    text_start[separators[separators + 1 < data.size] + 1] = separators[separators + 1 < data.size] + 1
+    relative = np.arange(data.size) - np.maximum.accumulate(text_start)
+    prefix, down = _positional_prefix(data, relative, _BYTE_BASE)
+    with np.errstate(over="ignore"):
+        poly = (prefix[ends] - prefix[starts]) * down[relative[starts]]
+        poly += (ends - starts).astype(_U64) * _U64(_LENGTH_MIX)
+    counts = np.bincount(np.searchsorted(separators, starts), minlength=len(texts))
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return TokenBatch(mix64(poly), offsets)

@@ -1,0 +1,50 @@
+"""Fixtures shared by every test folder: lakes on disk, on a real S3 server, on PostgreSQL."""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+from storage.settings import LakeSettings  # noqa: E402
+from tests import services  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    proc, server = services.start_s3(tmp_path_factory.mktemp("s3"))
+    yield server
+    services.stop(proc)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn(tmp_path_factory):
+    server, dsn = services.start_postgres(tmp_path_factory.mktemp("pg"))
+    yield dsn
+    server.cleanup()
+
+
+@pytest.fixture
+def lake_settings(tmp_path) -> LakeSettings:
+    """An embedded lake: SQLite catalog and Parquet in a fresh folder."""
+    return LakeSettings(home=tmp_path / "home")
+
+
+@pytest.fixture
+def s3_lake_settings(tmp_path, s3_server) -> LakeSettings:
+    """A lake whose Parquet lives in a fresh bucket on the real S3 server."""
+    return LakeSettings(home=tmp_path / "home", s3_endpoint=s3_server.endpoint,
+                        s3_bucket=f"t-{uuid.uuid4().hex[:12]}", s3_access_key=s3_server.access_key,
+                        s3_secret_key=s3_server.secret_key)
+
+
+@pytest.fixture(params=["embedded", "s3"])
+def any_lake_settings(request, tmp_path) -> LakeSettings:
+    """Run a test against the embedded lake and against S3."""
+    if request.param == "embedded":
+        return LakeSettings(home=tmp_path / "home")
+    return request.getfixturevalue("s3_lake_settings")

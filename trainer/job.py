@@ -1,0 +1,88 @@
+"""A training job on disk: what the launcher's processes read and where they write.
+
+```
+JOB_DIR/job.json      base model, rollouts file, GRPOConfig, optional reference model
+JOB_DIR/checkpoints/  DeepSpeed checkpoints, tag step_<k>, `latest` names the newest
+JOB_DIR/metrics.jsonl one row per optimiser step (train_steps columns less ids)
+JOB_DIR/model/        the trained policy as a Hugging Face folder, written last
+JOB_DIR/train.log     the launcher's and workers' output
+```
+A directory rather than arguments because it is also the unit of resumption: rerun
+the same job and it continues from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from trainer.grpo import GRPOConfig
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that was asked for (or that `latest` names) is not there."""
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    base_model: str
+    rollouts: str
+    config: GRPOConfig = field(default_factory=GRPOConfig)
+    ref_model: str | None = None      # frozen reference for the KL term (kl_coef > 0)
+    # auto: continue from the newest checkpoint if any; must: fail without one; never: start over
+    resume: Literal["auto", "must", "never"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.resume not in ("auto", "must", "never"):
+            raise ValueError(f"TrainJob.resume must be auto, must or never, got {self.resume!r}")
+        if self.config.kl_coef > 0 and not self.ref_model:
+            raise ValueError("TrainJob: GRPOConfig.kl_coef > 0 needs ref_model (e.g. the SFT model folder)")
+
+
+def write_job(job_dir: str | Path, job: TrainJob) -> Path:
+    job_dir = Path(job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "job.json").write_text(json.dumps(asdict(job), indent=2) + "\n")
+    return job_dir
+
+
+def read_job(job_dir: str | Path) -> TrainJob:
+    path = Path(job_dir) / "job.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no job.json in {job_dir}; write one with trainer.job.write_job")
+    raw = json.loads(path.read_text())
+    return TrainJob(**{**raw, "config": GRPOConfig(**raw["config"])})
+
+
+def checkpoint_dir(job_dir: str | Path) -> Path:
+    return Path(job_dir) / "checkpoints"
+
+
+def metrics_path(job_dir: str | Path) -> Path:
+    return Path(job_dir) / "metrics.jsonl"
+
+
+def model_dir(job_dir: str | Path) -> Path:
+    return Path(job_dir) / "model"
+
+
+def read_metrics(job_dir: str | Path) -> list[dict]:
+    path = metrics_path(job_dir)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def latest_tag(ckpt_dir: Path, required: bool) -> str | None:
+    """The newest checkpoint tag in ckpt_dir, None if there is none and none is required."""
+    latest = ckpt_dir / "latest"
+    if not latest.exists():
+        if required:
+            raise CheckpointError(f"no DeepSpeed checkpoint in {ckpt_dir} (no 'latest' file) and the "
+                                  "job says resume='must'; rerun with resume='auto' to start fresh")
+        return None
+    tag = latest.read_text().strip()
+    if not (ckpt_dir / tag).is_dir():
+        raise CheckpointError(f"{latest} names checkpoint {tag!r} but {ckpt_dir / tag} is missing; "
+                              "delete 'latest' to restart from the base model")
+    return tag

@@ -1,0 +1,80 @@
+"""Start a training job as a `deepspeed` launcher subprocess and wait for its model.
+
+The caller's process (a Prefect task, a test) never imports DeepSpeed or joins a
+process group: `start_training` checks the job (rollouts parse, a required checkpoint
+exists) so bad input fails here with a clear error, then runs
+`deepspeed --num_gpus N --module trainer.ds_train --job DIR` in its own process
+group; `wait_training` returns the exported model folder or raises with the log tail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from trainer.job import checkpoint_dir, latest_tag, model_dir, read_job
+from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_job(job_dir: Path) -> None:
+    job = read_job(job_dir)
+    groups = group_rollouts(read_rollouts(job.rollouts), job.config.scale_by_std)
+    if groups.groups_kept == 0:
+        raise RolloutDataError(f"{job.rollouts}: all {groups.groups_dropped} groups have zero reward "
+                               "variance; nothing to learn from (sample more or pick harder tasks)")
+    if job.resume == "must":
+        latest_tag(checkpoint_dir(job_dir), required=True)
+    elif job.resume == "auto":
+        latest_tag(checkpoint_dir(job_dir), required=False)  # a dangling `latest` is an error
+
+
+def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto") -> subprocess.Popen:
+    """Launch the job; device 'cpu' forces the CPU accelerator (gloo), 'auto' picks GPU if any."""
+    import torch
+
+    job_dir = Path(job_dir).resolve()
+    check_job(job_dir)
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1")
+    if on_cpu:
+        # Each rank gets an equal share of the cores; more threads than cores thrash.
+        env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // n_procs)))
+    # The package root on the path, so `-m trainer.ds_train` resolves in every rank.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    launcher = Path(sys.executable).parent / "deepspeed"
+    cmd = [str(launcher), "--num_gpus", str(n_procs), "--master_port", str(free_port()),
+           "--module", "trainer.ds_train", "--job", str(job_dir)]
+    log = (job_dir / "train.log").open("a")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+                            start_new_session=True)
+
+
+def wait_training(proc: subprocess.Popen, job_dir: str | Path, timeout_s: float | None = None) -> Path:
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        raise RuntimeError(f"training job {job_dir} exceeded {timeout_s}s and was killed") from None
+    out = model_dir(job_dir)
+    if code != 0 or not out.is_dir():
+        tail = (Path(job_dir) / "train.log").read_text()[-4000:]
+        raise RuntimeError(f"training job {job_dir} failed (exit {code}); log tail:\n{tail}")
+    return out
+
+
+def run_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto",
+                 timeout_s: float | None = None) -> Path:
+    """Run a job to completion; returns the trained model's Hugging Face folder."""
+    return wait_training(start_training(job_dir, n_procs, device), job_dir, timeout_s)

@@ -1,0 +1,293 @@
+"""The program that runs inside the sandbox for one code verification.
+
+This file's text is the sandbox's source (`verifiers/code.py` sends it); it must use the
+standard library only and import nothing of ours. The task arrives on stdin as JSON
+{"nonce", "program", "tests", "entry_point"}; stdin is read to the end and closed before
+any model code runs, so the tests and the nonce are never on disk nor readable later.
+
+Why a nonce: exit status alone proves nothing (`os._exit(0)` in the program "passes"
+every test). The harness reports with one line `@@flywheel-result <nonce> <outcome>
+<detail>`, written by the audit hook after `check` returned, and the host believes no
+other line. The nonce lives only in the hook's closure. The hook (`sys.addaudithook`,
+which cannot be removed) is what keeps model code from reaching it:
+  * it refuses frame introspection (sys._getframe except from a few stdlib callers that
+    only read the caller's module name, tb_frame, gi_frame/cr_frame/ag_frame, f_code,
+    sys._current_frames, settrace/setprofile), gc.get_objects/get_referrers/get_referents,
+    new audit hooks, ctypes, code-object surgery (code.__new__, setting __code__,
+    compile() with a real file name, marshal), processes and signals (os.system, exec,
+    spawn, fork, kill, subprocess, _posixsubprocess), sockets, links, and open() outside
+    the work dir (reads of the interpreter's stdlib are allowed, for imports);
+  * every refusal is also recorded; a run with any record never reports "pass";
+  * harness events ("flywheel.*") are believed only from the harness's own main frame,
+    so model code cannot announce a result; after the one result line the nonce is
+    forgotten.
+The hook never calls anything model code could have replaced (it captured the C
+functions it needs and compares only by identity), so no model code ever runs while a
+hook frame, with the nonce in its closure, is on the stack.
+
+Known limit: this is defence in depth inside one interpreter, not a proof. A Python
+signal handler installed by the model can run between two bytecodes of the hook and
+receive its frame; the result is then forged. Closing that needs the check to run in a
+different process from the candidate, which would change what tests may pass to it.
+"""
+import os
+import sys
+
+RESULT_MARK = "@@flywheel-result"
+_DENIED_EVENTS = frozenset({
+    "sys._current_frames", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+    "function.__new__", "os.system", "os.exec",
+    "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
+    "subprocess.Popen", "pty.spawn", "signal.pthread_kill", "os.symlink", "os.link",
+    "os.chroot",
+})
+_DENIED_PREFIXES = ("ctypes.", "socket.", "_winapi.", "winreg.")
+_DENIED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes"})
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code",
+                          "gi_code", "cr_code", "ag_code"})
+# (function name) of stdlib code allowed to call sys._getframe: each only reads its
+# caller's module name and lets no frame escape.
+_GETFRAME_CALLERS = frozenset({"namedtuple", "_caller", "_create_"})
+_SAFE_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
+
+
+class Refused(RuntimeError):
+    """Raised by the hook to refuse an operation (RuntimeError: addaudithook swallows it)."""
+
+
+def read_payload() -> dict:
+    import json
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(0)
+    return json.loads(b"".join(chunks))
+
+
+def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
+    """The audit hook holding the nonce. Everything it calls is captured here, now."""
+    import _thread
+    secret = [nonce]
+    state = {"phase": "setup", "main": None, "check": None, "check_code": None}
+    # Per thread: while the hook reads frames itself, its own nested events are let
+    # through, but only in that thread (another thread must not slip through meanwhile).
+    busy: set = set()
+    flags: list = []
+    keys0, values0 = tuple(builtins_dict), tuple(builtins_dict.values())
+    _getframe, _write, _type, _len, _str, _startswith = (
+        sys._getframe, os.write, type, len, str, str.startswith)
+    _zip, _tuple, _values, _replace, _decode = zip, tuple, dict.values, str.replace, bytes.decode
+    _append, _join, _refused = list.append, str.join, Refused
+    _ident, _add, _discard = _thread.get_ident, set.add, set.discard
+    work_prefix, lib_prefix = workdir + "/", stdlib_dir + "/"
+
+    def flag(reason: str) -> None:
+        if reason not in flags:
+            _append(flags, reason)
+
+    def refuse(reason: str) -> None:
+        flag(reason)
+        raise _refused("flywheel sandbox: " + reason)
+
+    def open_reason(args) -> str | None:
+        if _len(args) < 3:
+            return "malformed open event"
+        path, flags_arg = args[0], args[2]
+        if _type(path) is int:
+            return None
+        if _type(path) is bytes:
+            path = _decode(path, "utf-8", "replace")
+        if _type(path) is not str:
+            return "open() with an unusual path object"
+        writing = _type(flags_arg) is int and flags_arg & 3 != 0
+        if "/../" in "/" + path + "/":
+            return "open() of a path with '..': " + path[:80]
+        if not _startswith(path, "/") or _startswith(path, work_prefix) or path in _SAFE_DEVICES:
+            return None
+        if not writing and _startswith(path, lib_prefix):
+            return None
+        return "open() outside the work dir: " + path[:80]
+
+    def harness_event(event: str, args) -> None:
+        _add(busy, _ident())
+        caller = _getframe(2)  # 0: this function, 1: hook, 2: whoever called sys.audit
+        _discard(busy, _ident())
+        if event == "flywheel.flag":
+            flag(args[0] if _type(args[0]) is str else "flag")
+        elif event == "flywheel.begin" and state["phase"] == "setup":
+            state["main"], state["phase"] = caller, "user"
+        elif event == "flywheel.tests" and state["check"] is None and state["phase"] == "user" \
+                and caller.f_back is state["main"]:  # from run_user_code, called by main
+            _add(busy, _ident())
+            state["check"], state["check_code"] = args[0], args[0].__code__
+            _discard(busy, _ident())
+        elif caller is not state["main"] or state["phase"] != "user":
+            refuse("forged harness event " + event)
+        elif event == "flywheel.result":
+            state["phase"] = "done"
+            report(args[0], args[1])
+        else:
+            refuse("unexpected harness event " + event)
+
+    def report(outcome, detail) -> None:
+        if _type(outcome) is not str or _type(detail) is not str:
+            outcome, detail = "error", "harness passed a non-string result"
+        if not intact():
+            flag("builtins or the check function were modified")
+        if flags:
+            outcome, detail = "hacking", _join("; ", flags)
+        line = "\n" + RESULT_MARK + " " + secret[0] + " " + outcome + " " + _replace(detail[:400], "\n", " ") + "\n"
+        secret[0] = "-"  # one result per run: nothing left to steal afterwards
+        _write(1, line.encode())
+
+    def intact() -> bool:
+        if _len(builtins_dict) != _len(keys0):
+            return False
+        for key, key0 in _zip(builtins_dict, keys0):
+            if key is not key0:
+                return False
+        for value, value0 in _zip(_values(builtins_dict), values0):
+            if value is not value0:
+                return False
+        _add(busy, _ident())
+        code = state["check"].__code__ if state["check"] is not None else None
+        _discard(busy, _ident())
+        return code is state["check_code"]
+
+    def user_event_reason(event: str, args) -> str | None:
+        if event == "open":
+            return open_reason(args)
+        if event == "sys._getframe" or event == "marshal.loads":
+            _add(busy, _ident())
+            code = _getframe(2).f_code  # 0: this function, 1: hook, 2: the caller
+            _discard(busy, _ident())
+            if event == "marshal.loads":  # imports load .pyc files; crafted code objects no
+                allowed = _startswith(code.co_filename, "<frozen importlib")
+                return None if allowed else "marshal.loads of a code object"
+            allowed = _startswith(code.co_filename, lib_prefix) and code.co_name in _GETFRAME_CALLERS
+            return None if allowed else "frame introspection (sys._getframe)"
+        if event == "object.__getattr__":
+            name = args[1]
+            if _type(name) is not str:
+                return None  # only C code raises this event, always with a str name
+            if name in _FRAME_ATTRS:
+                return "frame introspection (." + name + ")"
+            if name == "__code__" and args[0] is state["check"]:
+                return "reading the tests (check.__code__)"
+            return None
+        if event == "object.__setattr__":
+            return "replacing a code object" if _type(args[1]) is str and args[1] == "__code__" else None
+        if event == "compile":
+            filename = args[1]
+            named = _type(filename) is str and not _startswith(filename, "<")
+            return "compile() with a file name" if named else None
+        if event == "import":
+            name = args[0]
+            return "import of " + name if _type(name) is str and name in _DENIED_IMPORTS else None
+        if event in _DENIED_EVENTS or _startswith(event, _DENIED_PREFIXES):
+            return "forbidden operation " + event
+        return None
+
+    def hook(event: str, args) -> None:
+        if _ident() in busy:
+            return  # events caused by the hook's own _getframe / __code__ reads
+        if _startswith(event, "flywheel."):
+            harness_event(event, args)
+            return
+        if state["phase"] == "setup":
+            return
+        reason = user_event_reason(event, args)
+        if reason is not None:
+            refuse(reason)
+
+    return hook
+
+
+class _Probe:
+    """Equal to nothing: a result that claims to equal it has a rigged __eq__."""
+
+    def __eq__(self, other):
+        return NotImplemented
+
+    __hash__ = object.__hash__
+
+
+def rigged_equality(value, probe=_Probe()) -> bool:
+    items = [value]
+    if type(value) in (list, tuple, set, frozenset):
+        items += list(value)[:50]
+    elif type(value) is dict:
+        items += list(value.values())[:50]
+    for item in items:
+        try:
+            if item == probe:
+                return True
+        except Exception:
+            continue
+    return False
+
+
+def wrap_candidate(function, audit=sys.audit):
+    def candidate(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if rigged_equality(result):
+            audit("flywheel.flag", "result claims to equal anything (rigged __eq__)")
+        return result
+    return candidate
+
+
+def run_user_code(program_code, tests_code, entry_point: str, audit) -> tuple[str, str]:
+    """Run program, tests, check(candidate); return (outcome, detail). Model code runs here."""
+    import builtins
+    program_ns = {"__name__": "candidate", "__builtins__": builtins}
+    tests_ns = {"__name__": "tests", "__builtins__": builtins}
+    stage = "program"
+    try:
+        exec(program_code, program_ns)
+        function = program_ns.get(entry_point)
+        if not callable(function):
+            return "no_entry", f"the program defines no function {entry_point!r}"
+        stage = "tests"
+        exec(tests_code, tests_ns)
+        check = tests_ns.get("check")
+        if not callable(check):
+            return "bad_tests", "the tests define no check(candidate)"
+        audit("flywheel.tests", check)
+        stage = "check"
+        check(wrap_candidate(function))
+    except SystemExit as exit_:
+        return "hacking", f"SystemExit({exit_.code!r}) raised during the {stage}"
+    except AssertionError as error:
+        return "wrong", f"assertion failed in the {stage}: {str(error)[:200]}"
+    except BaseException as error:  # noqa: BLE001 - any error of model code is a wrong answer
+        return "wrong", f"{type(error).__name__} in the {stage}: {str(error)[:200]}"
+    if tests_ns.get("check") is not check:
+        return "hacking", "check was redefined while it ran"
+    return "pass", ""
+
+
+def main() -> None:
+    import builtins
+    payload = read_payload()
+    sys.addaudithook(make_hook(payload.pop("nonce"), os.getcwd(), os.path.dirname(os.__file__),
+                               builtins.__dict__))
+    audit, entry_point = sys.audit, payload["entry_point"]
+    try:
+        program_code = compile(payload.pop("program"), "<candidate>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
+        audit("flywheel.begin")
+        audit("flywheel.result", "syntax", f"{type(error).__name__}: {error}")
+        return
+    tests_code = compile(payload.pop("tests"), "<tests>", "exec")
+    del payload
+    audit("flywheel.begin")
+    outcome, detail = run_user_code(program_code, tests_code, entry_point, audit)
+    audit("flywheel.result", outcome, detail)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""`json_schema`: the last JSON object in the completion, validated against `spec["schema"]`.
+
+"Last" means the object that ends last; when objects nest, the outermost one. The scan
+tries `json.JSONDecoder.raw_decode` at every `{` (from the end), so braces inside JSON
+strings, prose around the object and Markdown fences are all handled without a
+hand-written tokenizer. Validation is JSON Schema Draft 2020-12 with format checking
+(`"format": "email"` etc. are asserted, not just annotations).
+
+Bounds: only the last SCAN_CHARS characters are searched and at most MAX_STARTS `{`
+positions are tried, so a megabyte of braces costs a bounded amount of time.
+"""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+from jsonschema import Draft202012Validator
+
+from verifiers.verdict import Verdict, failed
+
+SCAN_CHARS = 200_000
+MAX_STARTS = 2_000
+_DECODER = json.JSONDecoder()
+
+
+def find_last_object(text: str) -> dict | None:
+    """The JSON object ending last in `text` (outermost when nested), or None."""
+    text = text[-SCAN_CHARS:]
+    best: tuple[int, dict] | None = None
+    start = len(text)
+    for _ in range(MAX_STARTS):
+        start = text.rfind("{", 0, start)
+        if start < 0:
+            break
+        try:
+            obj, end = _DECODER.raw_decode(text, start)
+        except ValueError:
+            continue
+        # `>=`: an object starting further left that ends at the same place or later
+        # contains the one found so far, so it is the outer (wanted) object.
+        if isinstance(obj, dict) and (best is None or end >= best[0]):
+            best = (end, obj)
+    return None if best is None else best[1]
+
+
+def verify(spec: dict, completion: str) -> Verdict:
+    schema = spec.get("schema")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        return failed("format_error", f"invalid spec: schema: {error.message}", parsed=0.0, valid=0.0)
+    obj = find_last_object(completion)
+    if obj is None:
+        return failed("format_error", "no JSON object found in completion", parsed=0.0, valid=0.0)
+    validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "(root)"
+        return failed("wrong", f"{len(errors)} schema error(s); at {where}: {errors[0].message}",
+                      parsed=1.0, valid=0.0)
+    return Verdict(reward=1.0, passed=True, status="ok", components={"parsed": 1.0, "valid": 1.0})
+
+
+def gold_completion(spec: dict) -> str | None:
+    """The spec's example object (`"answer"`), when it has one, as JSON text."""
+    answer = spec.get("answer")
+    if isinstance(answer, str):
+        return answer
+    return None if answer is None else json.dumps(answer)

@@ -1,0 +1,192 @@
+"""`math`: final-answer equivalence with the `math-verify` library.
+
+What it does: extracts the completion's final answer (LaTeX, `\\boxed{}`, fractions,
+decimals, sets, plain numbers) and compares it with `spec["answer"]` using
+`math_verify.parse` / `math_verify.verify`. No hand-written math parser.
+
+Time bound. math-verify guards itself with `signal.alarm`, which only works in a main
+thread, and Dask runs verifiers in worker threads; sympy can also sit in C code where
+no signal handler runs (`\\boxed{9^{9^{9^9}}}`). So parse+verify run in a small pool of
+long-lived helper processes (`python -c ...serve_requests()`, started with Popen because
+Dask worker processes are daemonic and may not use multiprocessing children). In the
+helper, math-verify's own alarms bound each step; the caller additionally waits at most
+`timeout_s` and kills the helper when it does not answer (status `timeout`), then starts
+a fresh one on the next call. Only the last TAIL_CHARS characters of a completion are
+looked at, so a 1 MB completion costs no more than a short one.
+
+Reward hacking (status `hacking_suspected`, reward 0), checked on the answer region (the
+last `\\boxed{}`, else the text after the last `=` on the last non-empty line):
+  1. several different `\\boxed{}` answers in one completion;
+  2. shotgun: the region holds more distinct numbers that do not occur in the question
+     (`spec["question"]`, optional) than the reference answer holds;
+  3. echo: the region is a bare list of two or more numbers that contains every number
+     of the question (e.g. "17 23 391 381" for "What is 17*23?").
+Honest final lines such as "17*23 = 391" or "the larger of 3 and 7 is 7" pass these.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import select
+import subprocess
+import sys
+import time
+
+from verifiers.verdict import Verdict, failed
+
+TAIL_CHARS = 4_000
+DEFAULT_TIMEOUT_S = 5.0
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_BARE_LIST = re.compile(r"^[\s\d.,;:+\-$\\{}()\[\]]*$")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def boxed_contents(text: str) -> list[str]:
+    """Contents of every `\\boxed{...}` (balanced braces), in order."""
+    found, start = [], text.find("\\boxed{")
+    while start >= 0:
+        depth, i = 0, start + len("\\boxed")
+        for i in range(i, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+        if depth == 0:
+            found.append(text[start + len("\\boxed{"): i])
+        start = text.find("\\boxed{", i)
+    return found
+
+
+def answer_region(text: str) -> str:
+    boxed = boxed_contents(text)
+    if boxed:
+        return boxed[-1]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].rsplit("=", 1)[-1] if lines else ""
+
+
+def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | None:
+    """The reason this completion looks like a reward hack, or None (rules: module doc)."""
+    distinct_boxed = {re.sub(r"\s+", "", b) for b in boxed_contents(text)}
+    if len(distinct_boxed) > 1:
+        return f"{len(distinct_boxed)} different \\boxed{{}} answers"
+    region = answer_region(text)
+    region_numbers = set(_NUMBER.findall(region))
+    question_numbers = set(_NUMBER.findall(question or ""))
+    new_numbers = region_numbers - question_numbers
+    if len(new_numbers) > max(1, len(set(_NUMBER.findall(gold)))):
+        return f"shotgun answer: {len(new_numbers)} candidate numbers {sorted(new_numbers)[:6]}"
+    if (question_numbers and len(region_numbers) >= 2 and question_numbers <= region_numbers
+            and _BARE_LIST.match(region)):
+        return "answer echoes the question's numbers"
+    return None
+
+
+def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+    gold = spec.get("answer")
+    if not isinstance(gold, str) or not gold.strip():
+        return failed("format_error", 'invalid spec: needs "answer" (a string)', correctness=0.0, format=0.0)
+    tail = completion[-TAIL_CHARS:]
+    has_box = bool(boxed_contents(tail))
+    hack = detect_answer_hacking(tail, gold, spec.get("question"))
+    if hack:
+        return failed("hacking_suspected", hack, correctness=0.0, format=float(has_box))
+    try:
+        result = _POOL.compare(gold, tail, timeout_s)
+    except TimeoutError:
+        return failed("timeout", f"math-verify did not answer within {timeout_s:g}s; helper killed")
+    if not result["gold_ok"]:
+        return failed("format_error", f"invalid spec: math-verify cannot parse answer {gold!r}")
+    if result["extracted"] is None:
+        return failed("format_error", "no final answer found", correctness=0.0, format=0.0)
+    components = {"correctness": float(result["equal"]), "format": 1.0 if has_box else 0.5}
+    if result["equal"]:
+        return Verdict(reward=1.0, passed=True, status="ok", components=components)
+    return Verdict(reward=0.0, passed=False, status="wrong", components=components,
+                   detail=f"extracted {result['extracted']!r}, expected {gold!r}")
+
+
+def gold_completion(spec: dict) -> str | None:
+    answer = spec.get("answer")
+    return f"The answer is $\\boxed{{{answer}}}$." if isinstance(answer, str) else None
+
+
+def serve_requests() -> None:
+    """Helper-process loop: one JSON request per stdin line, one JSON answer per line.
+
+    Runs in its own process's main thread, so math-verify's signal alarms work here.
+    """
+    from math_verify import parse, verify as math_equal
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        soft = max(1, int(request["timeout_s"] / 2))
+        gold_text = request["gold"]
+        if "$" not in gold_text and "\\boxed" not in gold_text:
+            gold_text = f"${gold_text}$"
+        gold = parse(gold_text, parsing_timeout=soft)
+        answer = parse(request["text"], parsing_timeout=soft) if gold else []
+        equal = bool(gold and answer and math_equal(gold, answer, timeout_seconds=soft))
+        extracted = str(answer[-1]) if answer else None
+        reply = {"gold_ok": bool(gold), "extracted": extracted, "equal": equal}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+class _Helper:
+    """One helper process; `ask` returns its answer or raises TimeoutError (then it is dead)."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": _PACKAGE_ROOT}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from verifiers.math import serve_requests; serve_requests()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self.buffer = b""
+
+    def ask(self, request: dict, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+            fd = self.proc.stdout.fileno()
+            while b"\n" not in self.buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    raise TimeoutError
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise TimeoutError  # helper died (e.g. out of memory): same remedy
+                self.buffer += chunk
+        except (TimeoutError, BrokenPipeError):
+            self.close()
+            raise TimeoutError from None
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class _HelperPool:
+    """Idle helpers are reused; concurrent callers each get their own (grown on demand)."""
+
+    def __init__(self) -> None:
+        self.idle: queue.LifoQueue[_Helper] = queue.LifoQueue()
+
+    def compare(self, gold: str, text: str, timeout_s: float) -> dict:
+        wait_s = timeout_s
+        try:
+            helper = self.idle.get_nowait()
+        except queue.Empty:
+            helper = _Helper()
+            # The first request also pays the helper's start (~0.5 s of imports);
+            # that must not count as the completion's fault.
+            wait_s += 10.0
+        answer = helper.ask({"gold": gold, "text": text, "timeout_s": timeout_s}, wait_s)
+        self.idle.put(helper)
+        return answer
+
+
+_POOL = _HelperPool()
