@@ -5,7 +5,8 @@ wires names to functions so `flywheel --help` reads as the table of contents.
 """
 import typer
 
-from flows import ingest_cmd, sql_cmd
+from flows import demo_data_cmd, ingest_cmd, sql_cmd, verify_cmd
+from flows import curate_cmd, evalset_cmd
 
 app = typer.Typer(
     name="flywheel",
@@ -16,6 +17,10 @@ app = typer.Typer(
 
 app.command("ingest")(ingest_cmd.ingest_command)
 app.command("sql")(sql_cmd.sql_command)
+app.command("demo-data")(demo_data_cmd.demo_data_command)
+app.command("verify")(verify_cmd.verify_command)
+app.add_typer(evalset_cmd.evalset_app, name="evalset")
+app.command("curate")(curate_cmd.curate_command)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m flows.cli`

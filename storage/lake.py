@@ -5,12 +5,14 @@ packages (never from the network), points DuckDB's S3 client at the configured
 endpoint, attaches the catalog (SQLite file embedded, PostgreSQL in a cluster) and
 creates any missing table from `storage.schemas`. Writers append Arrow tables
 through `append_rows`, which refuses a schema that is not the table's. A stage
-makes its writes visible in one DuckLake commit (`with transaction(con): ...`).
+makes its writes visible in one DuckLake commit (`with transaction(con): ...`);
+a stage writing more rows than fit in memory stages Parquet first (`StagedRows`).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -36,7 +38,8 @@ def open_lake(
     """
     read_only = read_only or snapshot is not None
     settings.home.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(config={"threads": 2})
+    con = duckdb.connect(config={"threads": settings.duckdb_threads,
+                                 "memory_limit": settings.duckdb_memory_limit})
     _load_extensions(con, settings)
     con.execute("SET TimeZone = 'UTC'")
     if settings.uses_s3:
@@ -56,6 +59,7 @@ def open_lake(
         con.close()
         raise LakeError(_explain_attach_error(exc, settings)) from exc
     con.execute("USE lake")
+    con.execute("SET VARIABLE flywheel_data_path = ?", [settings.data_path])
     if not read_only:
         ensure_tables(con)
     return con
@@ -77,11 +81,7 @@ def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
 
 def append_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> int:
     """Insert `rows` into lake.`table`; the Arrow schema must be the table's own."""
-    expected = SCHEMAS.get(table)
-    if expected is None:
-        raise LakeError(f"no table {table!r} in storage.schemas; known: {', '.join(SCHEMAS)}")
-    if not rows.schema.equals(expected):
-        raise LakeError(f"rows for {table} do not match its schema:\n got      {rows.schema}\n expected {expected}")
+    _check_schema(table, rows)
     if rows.num_rows == 0:
         return 0
     view = f"_flywheel_rows_{table}"
@@ -91,6 +91,45 @@ def append_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> i
     finally:
         con.unregister(view)
     return rows.num_rows
+
+
+class StagedRows:
+    """Rows written as Parquet now, made visible later in one DuckLake commit.
+
+    A large batch inserted inside one open DuckLake transaction is held in memory
+    until COMMIT (~the size of the data). Staging each chunk as a Parquet file under
+    the data path and registering all files at the end (`ducklake_add_data_files`)
+    keeps memory flat and the commit atomic: files never registered are invisible,
+    and a rerun overwrites them under the same names.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, name: str) -> None:
+        self.con = con
+        data_path = con.execute("SELECT getvariable('flywheel_data_path')").fetchone()[0]
+        self.prefix = f"{data_path}staging/{name}/"
+        self.files: dict[str, list[str]] = {}
+        if not self.prefix.startswith("s3://"):
+            Path(self.prefix).mkdir(parents=True, exist_ok=True)
+
+    def stage(self, table: str, rows: pa.Table) -> None:
+        _check_schema(table, rows)
+        if rows.num_rows == 0:
+            return
+        files = self.files.setdefault(table, [])
+        path = f"{self.prefix}{table}-{len(files):05d}.parquet"
+        view = f"_flywheel_stage_{table}"
+        self.con.register(view, rows)
+        try:
+            self.con.execute(f"COPY {view} TO '{_quote(path)}' (FORMAT parquet, COMPRESSION zstd)")
+        finally:
+            self.con.unregister(view)
+        files.append(path)
+
+    def register(self) -> None:
+        """Add every staged file to its table; call inside `transaction`."""
+        for table, files in self.files.items():
+            for path in files:
+                self.con.execute("CALL ducklake_add_data_files('lake', ?, ?)", [table, path])
 
 
 @contextlib.contextmanager
@@ -105,6 +144,14 @@ def transaction(con: duckdb.DuckDBPyConnection, message: str | None = None) -> I
     except BaseException:
         con.execute("ROLLBACK")
         raise
+
+
+def _check_schema(table: str, rows: pa.Table) -> None:
+    expected = SCHEMAS.get(table)
+    if expected is None:
+        raise LakeError(f"no table {table!r} in storage.schemas; known: {', '.join(SCHEMAS)}")
+    if not rows.schema.equals(expected):
+        raise LakeError(f"rows for {table} do not match its schema:\n got      {rows.schema}\n expected {expected}")
 
 
 def current_snapshot(con: duckdb.DuckDBPyConnection) -> int:

@@ -6,6 +6,7 @@ family's own solution, so the solution passes its tests by construction; the fai
 response is the family's buggy variant in a ```python fence.
 """
 import random
+import re
 from string import Template
 
 from tasks.demo_code_numbers import LIST_FAMILIES, NUMBER_FAMILIES
@@ -35,6 +36,22 @@ _INTROS = ("", "Here's the function:\n\n", "Sure! Here is an implementation:\n\n
            "This should work:\n\n", "Here you go.\n\n")
 _OUTROS = ("", "", "\n\nThis runs in linear time.", "\n\nLet me know if you need tests.",
            "\n\nIt handles the edge cases as well.")
+
+# Word choices people vary when describing the same function; without them two requests
+# for one family share long word runs (and 13-grams with the evaluation items).
+_DESC_WORDS = {
+    "returns": ("returns", "gives back", "outputs", "should return"), "every": ("every", "each"),
+    "each": ("each", "every"), "elements": ("elements", "items", "entries"),
+    "numbers": ("numbers", "values"), "largest": ("largest", "biggest", "greatest"), "smallest": ("smallest", "lowest"),
+    "ignoring": ("ignoring", "disregarding"), "finds": ("finds", "locates", "determines"),
+    "computes": ("computes", "calculates", "works out"), "counts": ("counts", "tallies"),
+    "consecutive": ("consecutive", "adjacent", "neighbouring"), "otherwise": ("otherwise", "in all other cases"),
+    "integer": ("integer", "int", "whole number"),
+    "integers": ("integers", "ints", "whole numbers"), "takes": ("takes", "accepts", "receives"),
+    "gives": ("gives", "yields", "produces"), "keeping": ("keeping", "preserving", "retaining"),
+    "order": ("order", "ordering", "sequence"), "separated": ("separated", "delimited", "split"),
+}
+_DESC_WORD = re.compile(r"\b(" + "|".join(_DESC_WORDS) + r")\b")
 
 _compiled: dict = {}
 
@@ -71,10 +88,12 @@ def _build_tests(rng: random.Random, index: int, params: dict, args: tuple) -> l
 
 def _prompt(rng: random.Random, fam: dict, name: str, args: tuple, params: dict, cases: list) -> str:
     desc = Template(rng.choice(fam["desc"])).substitute(**_arg_names(args), **params)
+    desc = _DESC_WORD.sub(lambda m: rng.choice(_DESC_WORDS[m.group(1)]), desc)
     sig = f"{name}({', '.join(args)})"
     text = expand(rng.choice(_OPENERS), rng).format(sig=sig, name=name, desc=desc)
-    if rng.random() < 0.6:
-        case, out = rng.choice(cases)
+    # Examples carry random inputs: they are what keeps two requests for the same
+    # function from being near duplicates of each other.
+    for case, out in rng.sample(cases, rng.choice((0, 1, 1, 2, 2, 2))):
         text += " " + rng.choice(_EXAMPLES).format(call=_call(name, case), out=repr(out))
     extras = rng.sample(_EXTRAS, rng.choice((0, 0, 1, 1, 2)))
     if extras:
@@ -101,5 +120,5 @@ def sample_code(rng: random.Random) -> dict:
     response = f"{rng.choice(_INTROS)}```python\n{bug}```{rng.choice(_OUTROS)}"
     return {"domain": "code", "prompt": _prompt(rng, fam, name, args, params, cases),
             "reference": {"entry_point": name, "tests": tests, "solution": solution},
-            "gold": f"```python\n{solution}```", "key": ("code", index, name, tuple(sorted(params.items()))),
+            "gold": f"```python\n{solution}```", "key": ("code", index, name, tests),
             "response": response, "failure": {"kind": kind, "detail": detail}}

@@ -20,13 +20,15 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.demo_domains import DEFAULT_VERIFIERS, conversation, sample_domain, sample_task
-from tasks.demo_evalsets import Guard, build_evalsets, eval_size
+from tasks.demo_evalsets import build_evalsets, eval_size
+from tasks.demo_candidates import Candidates, worker_count
+from tasks.demo_guard import Guard
 from tasks.demo_planting import MALFORMED_KINDS, REFORMAT_KINDS, malformed_line, near_duplicate, reformat, reformat_applies
-from tasks.demo_similarity import words
 
 __all__ = ["DemoDataConfig", "Manifest", "generate_demo_data", "MALFORMED_KINDS", "REFORMAT_KINDS"]
 
@@ -50,8 +52,9 @@ class DemoDataConfig:
     eval_leak_share: float = 0.03  # an evaluation item, reformatted, logged as a failure
     malformed_share: float = 0.02  # lines ingest must quarantine; every kind once if logs >= 200
     blank_line_share: float = 0.001  # empty lines between logs, not counted in `logs`
-    eval_items_per_domain: int = 0  # 0: 100, growing with the number of leaks up to 334
+    eval_items_per_domain: int = 0  # 0: 100 per domain
     lines_per_file: int = 50_000
+    workers: int = 0  # processes drawing candidate tasks; 0: none below 20k logs, else cores - 1 (output is the same)
 
     def __post_init__(self) -> None:
         if self.logs < 1:
@@ -63,6 +66,8 @@ class DemoDataConfig:
             raise ValueError(f"planted shares add up to {sum(shares):.2f}; keep them <= 0.5 so most logs stay clean")
         if self.lines_per_file < 1:
             raise ValueError(f"lines_per_file={self.lines_per_file}: use a positive number (default 50000)")
+        if self.workers < 0:
+            raise ValueError(f"workers={self.workers}: use 0 (automatic) or a positive number of processes")
         if self.eval_items_per_domain < 0:
             raise ValueError("eval_items_per_domain must be >= 0 (0 picks the size automatically)")
 
@@ -85,7 +90,8 @@ class Manifest:
         return cls(**json.loads(Path(path).read_text()))
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), separators=(",", ":")))
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # asdict would deep-copy
+        path.write_text(json.dumps(fields, separators=(",", ":")))
 
 
 def _plan(config: DemoDataConfig, rng: random.Random) -> bytearray:
@@ -112,12 +118,14 @@ class _Writer:
         self.per_file = math.ceil(config.logs / files)
         self.names = [f"landing/logs-{i:03d}.jsonl" + (".gz" if i % 2 else "") for i in range(files)]
         self.out, self.rng, self.blank = out, rng, config.blank_line_share
+        self.logs, self.limit = config.logs, config.lines_per_file
         self.index, self.handle, self.line_no, self.buffer = -1, None, 0, []
 
     def write(self, logical: int, line: str) -> tuple[str, int]:
         if logical // self.per_file != self.index:
             self._open(logical // self.per_file)
-        if self.rng.random() < self.blank:
+        left = min(self.logs, self.per_file * (self.index + 1)) - logical
+        if self.rng.random() < self.blank and self.line_no + left < self.limit:  # blanks never overfill a file
             self._put("")
         self._put(line)
         return self.names[self.index], self.line_no
@@ -172,14 +180,6 @@ class _Logs:
         if "verifier" in original:
             rec["verifier"] = original["verifier"]
         return rec
-
-
-def _fresh_task(rng: random.Random, guard: Guard) -> dict:
-    for _ in range(200):
-        task = sample_task(sample_domain(rng), rng)
-        if guard.admit(task["key"], task["prompt"]):
-            return task
-    raise RuntimeError("demo generators ran out of new tasks; lower `logs` or add templates")
 
 
 class _Pools:
@@ -243,51 +243,72 @@ def _write_evalsets(out: Path, items: list[dict]) -> None:
         (out / "evalsets" / f"{domain}.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
+class _Generation:
+    """One run's writers and state; `line` emits the log for one planned slot."""
+
+    def __init__(self, out: Path, config: DemoDataConfig, candidates: Candidates, items: list, streams: dict) -> None:
+        self.writer, self.logs = _Writer(out, config, streams["files"]), _Logs(streams["logs"])
+        self.pools, self.leaks, self.plant = _Pools(streams["plant"]), _LeakPicker(items, streams["plant"]), streams["plant"]
+        self.candidates, self.bad_tasks = candidates, streams["bad"]
+        self.kinds = MALFORMED_KINDS[:]
+        self.plant.shuffle(self.kinds)
+        self.oversized = 0
+        self.manifest = Manifest(seed=config.seed, logs=config.logs, files=self.writer.names)
+
+    def line(self, logical: int, category: int) -> None:
+        original = self.pools.take(long_only=category == NEAR) if category in (DUPLICATE, NEAR) else None
+        if category == BAD:
+            self._malformed(logical)
+            return
+        if category == DUPLICATE and original:
+            rec = self.logs.again(original, original["messages"])
+            self.manifest.exact_duplicates.append({"id": rec["id"], "of": original["id"]})
+        elif category == NEAR and original:
+            messages, edit = near_duplicate(original["messages"], self.plant)
+            rec = self.logs.again(original, messages)
+            self.manifest.near_duplicates.append({"id": rec["id"], "of": original["id"], "edit": edit})
+        elif category == LEAK:
+            rec = self._leak()
+        else:  # clean, or a duplicate slot that came before any original it could copy
+            task = self.candidates.next()
+            rec = self.logs.record(task["domain"], conversation(task, self.plant), task["response"], task["failure"], task["reference"])
+            self.pools.add(rec, task["words"])
+            self.manifest.clean.append(rec["id"])
+        self.writer.write(logical, json.dumps(rec, ensure_ascii=False))
+
+    def _leak(self) -> dict:
+        entry, kind = self.leaks.next()
+        task = entry["task"]
+        rec = self.logs.record(task["domain"], _leak_messages(entry, kind, self.plant), task["response"],
+                               task["failure"], entry["item"]["reference"])
+        self.manifest.eval_leaks.append({"id": rec["id"], "eval_set": task["domain"], "item_id": entry["item"]["id"],
+                                         "reformat": kind})
+        return rec
+
+    def _malformed(self, logical: int) -> None:
+        kind = self.kinds[len(self.manifest.malformed) % len(self.kinds)]
+        if kind == "oversized_line":
+            self.oversized += 1
+            kind = kind if self.oversized <= _MAX_OVERSIZED else "not_json"
+        task = sample_task(sample_domain(self.bad_tasks), self.bad_tasks)
+        rec = self.logs.record(task["domain"], conversation(task, self.plant), task["response"], task["failure"], task["reference"])
+        name, line_no = self.writer.write(logical, malformed_line(kind, rec, self.plant))
+        self.manifest.malformed.append({"file": name, "line_no": line_no, "kind": kind})
+
+
 def generate_demo_data(out_dir: str | Path, config: DemoDataConfig = DemoDataConfig()) -> Manifest:
     """Write landing logs, eval sets and the manifest under `out_dir`; return the manifest."""
     out = Path(out_dir)
     (out / "landing").mkdir(parents=True, exist_ok=True)
     streams = {name: random.Random(f"flywheel-demo:{config.seed}:{name}")
-               for name in ("eval", "plan", "tasks", "logs", "plant", "files")}
-    guard = Guard()
-    items = build_evalsets(streams["eval"], eval_size(config.logs, config.eval_leak_share, config.eval_items_per_domain), guard)
+               for name in ("eval", "plan", "bad", "logs", "plant", "files")}
+    guard = Guard(capacity=config.logs)
+    items = build_evalsets(streams["eval"], eval_size(config.eval_items_per_domain), guard)
     _write_evalsets(out, items)
-    writer, logs, pools = _Writer(out, config, streams["files"]), _Logs(streams["logs"]), _Pools(streams["plant"])
-    leaks, plant = _LeakPicker(items, streams["plant"]), streams["plant"]
-    kinds, oversized = MALFORMED_KINDS[:], 0
-    plant.shuffle(kinds)
-    manifest = Manifest(seed=config.seed, logs=config.logs, files=writer.names)
-    for logical, category in enumerate(_plan(config, streams["plan"])):
-        original = pools.take(long_only=category == NEAR) if category in (DUPLICATE, NEAR) else None
-        if category == DUPLICATE and original:
-            rec = logs.again(original, original["messages"])
-            manifest.exact_duplicates.append({"id": rec["id"], "of": original["id"]})
-        elif category == NEAR and original:
-            messages, edit = near_duplicate(original["messages"], plant)
-            rec = logs.again(original, messages)
-            manifest.near_duplicates.append({"id": rec["id"], "of": original["id"], "edit": edit})
-        elif category == LEAK:
-            entry, kind = leaks.next()
-            task = entry["task"]
-            rec = logs.record(task["domain"], _leak_messages(entry, kind, plant), task["response"],
-                              task["failure"], entry["item"]["reference"])
-            manifest.eval_leaks.append({"id": rec["id"], "eval_set": task["domain"], "item_id": entry["item"]["id"], "reformat": kind})
-        elif category == BAD:
-            kind = kinds[len(manifest.malformed) % len(kinds)]
-            if kind == "oversized_line":
-                oversized += 1
-                kind = kind if oversized <= _MAX_OVERSIZED else "not_json"
-            task = sample_task(sample_domain(streams["tasks"]), streams["tasks"])
-            rec = logs.record(task["domain"], conversation(task, plant), task["response"], task["failure"], task["reference"])
-            name, line_no = writer.write(logical, malformed_line(kind, rec, plant))
-            manifest.malformed.append({"file": name, "line_no": line_no, "kind": kind})
-            continue
-        else:
-            task = _fresh_task(streams["tasks"], guard)
-            rec = logs.record(task["domain"], conversation(task, plant), task["response"], task["failure"], task["reference"])
-            pools.add(rec, len(words(task["prompt"])))
-            manifest.clean.append(rec["id"])
-        writer.write(logical, json.dumps(rec, ensure_ascii=False))
-    writer.close()
-    manifest.write(out / "manifest.json")
-    return manifest
+    with Candidates(config.seed, guard, worker_count(config.logs, config.workers)) as candidates:
+        run = _Generation(out, config, candidates, items, streams)
+        for logical, category in enumerate(_plan(config, streams["plan"])):
+            run.line(logical, category)
+        run.writer.close()
+    run.manifest.write(out / "manifest.json")
+    return run.manifest

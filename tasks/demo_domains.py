@@ -37,7 +37,9 @@ def conversation(task: dict, rng: random.Random, system_share: float = 0.1, retr
     rejected one wrong answer and the logged response is the second attempt.
     """
     messages = []
-    if rng.random() < system_share:
+    # A system prompt shared by many users would dominate a short question's shingles and
+    # make unrelated short logs look alike, so only longer prompts get one.
+    if rng.random() < system_share and len(task["prompt"].split()) >= 12:
         messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS[task["domain"]])})
     messages.append({"role": "user", "content": task["prompt"]})
     if rng.random() < retry_share:

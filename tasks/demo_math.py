@@ -6,11 +6,13 @@ with a plausible slip in the last one. Two-digit additions are a large share on 
 the tiny demo policy can learn them, so a training cycle shows a measurable gain.
 """
 import random
+import re
 from decimal import Decimal
 from fractions import Fraction
 
 from tasks.demo_vocab import CONTAINERS, CONTEXT_SENTENCES, ITEMS, PLACES, expand, pick_person
 
+_NUMBER = re.compile(r"\d+")
 ADDITION_SHARE = 0.32
 ARITHMETIC_SHARE = 0.28
 
@@ -20,7 +22,6 @@ _ADD_PHRASINGS = (
     "{a}+{b}=?", "What's {a} plus {b}?", "Add {a} and {b}.", "Find the sum of {a} and {b}.",
     "How much is {a} + {b}?", "[Quick one|Quick question]: {a}+{b}?",
     "What do you get when you add {a} to {b}?", "Please add {b} to {a}.",
-    "[Mental math|Sanity check]: what is {a} + {b}?", "{a} plus {b} equals what?",
 )
 _ADD_WEIGHTS = (8,) + (1,) * (len(_ADD_PHRASINGS) - 1)
 _ASK = ("What is {e}?", "[Compute|Calculate|Evaluate] {e}.", "What's {e}?", "Find {e}.",
@@ -35,6 +36,10 @@ def fmt(value: Fraction, style: str = "int") -> str:
     if style == "dec" and _terminates(value.denominator):
         return f"{Decimal(value.numerator) / Decimal(value.denominator):f}".rstrip("0").rstrip(".")
     return f"{value.numerator}/{value.denominator}"
+
+
+def _money(value: Fraction) -> str:
+    return fmt(value, "dec") if value.denominator == 1 else f"{float(value):.2f}"
 
 
 def _terminates(denominator: int) -> bool:
@@ -92,15 +97,16 @@ def _arithmetic(rng: random.Random) -> tuple:
 
 def _shopping(rng, name, pron, pos):
     item, items, (lo, hi) = rng.choice(ITEMS)
-    n, price = rng.randint(2, 9), rng.randint(lo, hi)
-    bill = next(v for v in (20, 50, 100, 200, 500) if v > n * price)
-    text = (f"{name} [buys|picks up|orders] {n} {items} at [{rng.choice(PLACES)}|the shop] for ${price} each "
+    n, price = rng.randint(2, 15), Fraction(rng.randint(lo * 4, hi * 4), 4)
+    bill = next(v for v in (20, 50, 100, 200, 500, 1000) if v > n * price)
+    text = (f"{name} [buys|picks up|orders] {n} {items} at [{rng.choice(PLACES)}|the shop] for ${_money(price)} each "
             f"and pays with a ${bill} bill. How much change [does {pron} get|should {pron} receive]?")
-    return text, [(f"{n} * {price}", n * price), (f"{bill} - {n * price}", bill - n * price)]
+    return text, [(f"{n} * {_money(price)}", n * price), (f"{bill} - {_money(n * price)}", bill - n * price)]
 
 
 def _sharing(rng, name, pron, pos):
-    k, each, extra = rng.randint(3, 12), rng.randint(2, 15), rng.randint(0, 9)
+    k, each = rng.randint(3, 16), rng.randint(2, 40)
+    extra = rng.randint(0, k - 1)
     _, items, _ = rng.choice(ITEMS)
     text = (f"{name} has {k * each + extra} {items}. {pron.capitalize()} [shares|splits] them equally among "
             f"{k} [friends|classmates|neighbours] and keeps the rest. How many does {pron} keep?")
@@ -118,7 +124,7 @@ def _boxes(rng, name, pron, pos):
 
 
 def _speed(rng, name, pron, pos):
-    speed, hours, minutes = rng.randint(30, 110), rng.randint(1, 6), rng.choice((0, 15, 30, 45))
+    speed, hours, minutes = rng.randint(30, 110), rng.randint(1, 6), rng.choice((0, 10, 15, 20, 30, 40, 45, 50))
     t = Fraction(hours) + Fraction(minutes, 60)
     text = (f"{name} [drives|cycles|travels] at {speed} km/h for {hours} h {minutes} min. "
             f"How many kilometres [does {pron} cover|is that]?")
@@ -134,7 +140,7 @@ def _ages(rng, name, pron, pos):
 
 
 def _recipe(rng, name, pron, pos):
-    base, cups, want = rng.choice((2, 4, 6, 8)), rng.randint(1, 5), rng.choice((3, 5, 10, 12, 18))
+    base, cups, want = rng.randint(2, 12), rng.randint(1, 9), rng.randint(2, 40)
     ingredient = rng.choice(("flour", "sugar", "milk", "oats", "rice", "lentils", "water"))
     value = Fraction(cups * want, base)
     text = (f"A recipe for {base} [people|servings] uses {cups} cups of {ingredient}. "
@@ -144,7 +150,7 @@ def _recipe(rng, name, pron, pos):
 
 def _discount(rng, name, pron, pos):
     item, _, (lo, hi) = rng.choice(ITEMS)
-    price, off = rng.randint(lo, hi) * 4 + 20, rng.choice((10, 15, 20, 25, 30, 40, 50))
+    price, off = rng.randint(lo * 3, hi * 6), rng.randrange(5, 75, 5)
     value = Fraction(price * (100 - off), 100)
     text = (f"A {item} [costs|is priced at] ${price}. [During a sale|This week] it is {off}% off. "
             f"What [does {name} pay|is the sale price] in dollars?")
@@ -210,12 +216,13 @@ def _word_problem(rng: random.Random) -> tuple:
     name, pron, pos = pick_person(rng)
     index = rng.randrange(len(_WORD_PROBLEMS))
     text, steps = _WORD_PROBLEMS[index](rng, name, pron, pos)
-    text = expand(text, rng)
+    text = core = expand(text, rng)
     if rng.random() < 0.3:
         text = f"{rng.choice(CONTEXT_SENTENCES)} {text}"
     text += rng.choice(_WORD_ENDINGS)
     steps = [(expr, Fraction(value)) for expr, value in steps]
-    return text, steps[-1][1], steps, "dec", ("word", index, text)
+    # Same template and numbers is the same problem, whatever the names and phrasing.
+    return text, steps[-1][1], steps, "dec", ("word", index, tuple(_NUMBER.findall(core)))
 
 
 def _wrong_value(rng: random.Random, value: Fraction) -> Fraction:

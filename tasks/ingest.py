@@ -1,10 +1,11 @@
 """Ingest: landed failure-log files become `failure_logs` rows, bad lines `quarantine` rows.
 
-A file is one batch (`batch_id` = sha256 of its bytes). The whole batch is one
-DuckLake commit, so a crash leaves no partial rows and a rerun ingests it exactly
-once; a batch already in `ingest_batches` is skipped and reported as such. Files are
-read in chunks of `chunk_lines`, so memory does not grow with the file. Raw files
-are only read, never moved or deleted.
+A file is one batch (`batch_id` = sha256 of its bytes). Files are read in chunks
+of `chunk_lines`; each chunk's rows are staged as Parquet and the whole batch
+becomes visible in one DuckLake commit, so memory does not grow with the file, a
+crash leaves no partial rows, and a rerun ingests the batch exactly once. A batch
+already in `ingest_batches` is skipped and reported as such. Raw files are only
+read, never moved or deleted.
 
 Validation rules live in tasks/log_checks.py; this module moves bytes and rows.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import random
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ import pyarrow.compute as pc
 from prefect import task
 
 from storage.config_file import lake_settings
-from storage.lake import append_rows, open_lake, transaction
+from storage.lake import StagedRows, append_rows, open_lake, transaction
 from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
@@ -47,6 +49,8 @@ class IngestConfig:
     """Lines validated and written per step; bounds memory (~1 KB a line)."""
     progress_min_bytes: int = 2_000_000
     """Show a progress bar for files larger than this (a few thousand lines)."""
+    commit_attempts: int = 5
+    """Tries per batch when a concurrent writer's commit conflicts with ours."""
 
     def __post_init__(self) -> None:
         if not 1_000 <= self.chunk_lines <= 1_000_000:
@@ -103,19 +107,39 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
                 cfg: IngestConfig, cycle_id: str) -> BatchResult:
     started = time.perf_counter()
     batch_id = file_sha256(path)
-    if con.execute("SELECT count(*) FROM lake.ingest_batches WHERE batch_id = ?", [batch_id]).fetchone()[0]:
-        return BatchResult(batch_id, source_uri, 0, 0, True, time.perf_counter() - started)
+    # Several writers on a PostgreSQL catalog can conflict at commit; the rolled-back
+    # batch is simply redone (after re-checking that nobody else committed it).
+    for attempt in range(cfg.commit_attempts):
+        if con.execute("SELECT count(*) FROM lake.ingest_batches WHERE batch_id = ?", [batch_id]).fetchone()[0]:
+            return BatchResult(batch_id, source_uri, 0, 0, True, time.perf_counter() - started)
+        try:
+            ok, bad = _write_batch(con, path, source_uri, batch_id, cfg, cycle_id)
+            return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started)
+        except duckdb.TransactionException:
+            if attempt + 1 == cfg.commit_attempts:
+                raise
+            time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
+                 batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
     ok = bad = 0
-    with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"), \
-            ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance:
+    staged = StagedRows(con, f"ingest-{batch_id[:16]}")
+    with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance:
         for chunk, consumed in read_chunks(path, cfg.chunk_lines):
-            chunk_ok, chunk_bad = ingest_chunk(con, chunk, batch_id, cycle_id, cfg.rules)
-            ok, bad = ok + chunk_ok, bad + chunk_bad
+            logs, quarantined = validate_chunk(con, chunk, batch_id, cycle_id, cfg.rules,
+                                               staged.files.get("failure_logs", []))
+            staged.stage("failure_logs", logs)
+            staged.stage("quarantine", quarantined)
+            ok, bad = ok + logs.num_rows, bad + quarantined.num_rows
             advance(chunk.num_rows, consumed)
+    with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
+        staged.register()
         append_rows(con, "ingest_batches", pa.Table.from_pylist([{
             "batch_id": batch_id, "source_uri": source_uri, "rows_ok": ok, "rows_quarantined": bad,
             "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id}], schema=SCHEMAS["ingest_batches"]))
-    return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started)
+    return ok, bad
 
 
 def file_sha256(path: Path) -> str:
@@ -129,8 +153,8 @@ def file_sha256(path: Path) -> str:
 def read_chunks(path: Path, chunk_lines: int) -> Iterator[tuple[pa.Table, int]]:
     """(table of line_no, raw; bytes read so far) for up to chunk_lines non-blank lines.
 
-    Undecodable UTF-8 becomes a visible U+FFFD in the stored raw line instead of
-    aborting the batch; the JSON check then quarantines the line.
+    Undecodable UTF-8 becomes a visible U+FFFD in the stored raw line (flagged in
+    `utf8_ok`, so validation quarantines it) instead of aborting the batch.
     """
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
@@ -155,15 +179,24 @@ def read_chunks(path: Path, chunk_lines: int) -> Iterator[tuple[pa.Table, int]]:
 def _chunk(numbers: list[int], lines: list[bytes]) -> pa.Table:
     raw = pa.array(lines, pa.binary())
     try:
-        text = raw.cast(pa.string())  # validates UTF-8 in C++; the common case
+        text, utf8_ok = raw.cast(pa.string()), pa.array(np.ones(len(lines), dtype=bool))  # C++ check
     except pa.ArrowInvalid:
         text = pa.array([line.decode("utf-8", errors="replace") for line in lines], pa.string())
-    return pa.table({"line_no": pa.array(numbers, pa.int64()), "raw": text})
+        utf8_ok = pa.array([_is_utf8(line) for line in lines], pa.bool_())
+    return pa.table({"line_no": pa.array(numbers, pa.int64()), "raw": text, "utf8_ok": utf8_ok})
 
 
-def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, batch_id: str, cycle_id: str,
-                 rules: LogRules) -> tuple[int, int]:
-    """Validate one chunk and append its rows; returns (ok, quarantined)."""
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def validate_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, batch_id: str, cycle_id: str,
+                   rules: LogRules, earlier: list[str]) -> tuple[pa.Table, pa.Table]:
+    """(failure_logs rows, quarantine rows) of one chunk; `earlier` = this batch's staged logs."""
     # Several record batches let DuckDB scan the chunk on all its threads.
     con.register("_ingest_chunk", pa.Table.from_batches(chunk.to_batches(max_chunksize=8192)))
     try:
@@ -176,35 +209,37 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, batch_id: str,
     good = np.ones(parsed.num_rows, dtype=bool)
     good[list(failures)] = False
     logs = parsed.filter(pa.array(good))
-    repeats = find_repeats(con, logs.select(["log_id", "line_no"]))
+    repeats = find_repeats(con, logs.select(["log_id", "line_no"]), earlier)
     if repeats:
         logs = logs.filter(pc.invert(pc.is_in(logs["line_no"], value_set=pa.array(list(repeats), pa.int64()))))
     logs = (logs.append_column("batch_id", pa.array([batch_id] * logs.num_rows, pa.string()))
                 .append_column("cycle_id", pa.array([cycle_id] * logs.num_rows, pa.string())))
     quarantined = _quarantine_rows(chunk, bad_lines, repeats, batch_id, cycle_id, rules)
-    append_rows(con, "failure_logs", logs.select(SCHEMAS["failure_logs"].names).cast(SCHEMAS["failure_logs"]))
-    append_rows(con, "quarantine", quarantined)
-    return logs.num_rows, quarantined.num_rows
+    return logs.select(SCHEMAS["failure_logs"].names).cast(SCHEMAS["failure_logs"]), quarantined
 
 
 # GX sees every column of chunk_sql except these, which only feed failure_logs.
 _LOG_ONLY = [c for c in LOG_COLUMNS if c not in ("domain", "verifier")]
 
-# Lines identical to an earlier line of this batch, or to a log already in the lake
-# (the read sees this transaction's earlier chunks, so a batch is checked whole).
+# Lines identical to an earlier line of this chunk, to one staged from an earlier
+# chunk of this batch, or to a log already in the lake.
 _REPEATS_SQL = """
 SELECT c.log_id, c.line_no, min(c.line_no) OVER (PARTITION BY c.log_id) AS first_line,
        f.batch_id AS seen_batch, f.line_no AS seen_line
 FROM _ingest_ids c LEFT JOIN (
-  SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
+  SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM ({known})
   WHERE log_id IN (SELECT log_id FROM _ingest_ids) GROUP BY log_id) f USING (log_id)
 """
 
 
-def find_repeats(con: duckdb.DuckDBPyConnection, ids: pa.Table) -> dict[int, str]:
+def find_repeats(con: duckdb.DuckDBPyConnection, ids: pa.Table, earlier: list[str]) -> dict[int, str]:
+    known = "SELECT log_id, batch_id, line_no FROM lake.failure_logs"
+    if earlier:
+        files = ", ".join("'" + f.replace("'", "''") + "'" for f in earlier)
+        known += f" UNION ALL SELECT log_id, batch_id, line_no FROM read_parquet([{files}])"
     con.register("_ingest_ids", ids)
     try:
-        return _split_repeats(con.sql(_REPEATS_SQL).to_arrow_table())
+        return _split_repeats(con.sql(_REPEATS_SQL.format(known=known)).to_arrow_table())
     finally:
         con.unregister("_ingest_ids")
 
@@ -229,7 +264,7 @@ def _quarantine_rows(chunk: pa.Table, bad_lines: dict[int, str], repeats: dict[i
         return SCHEMAS["quarantine"].empty_table()
     wanted = set(bad_lines) | set(repeats)
     rows = []
-    for line_no, raw in zip(chunk.column("line_no").to_pylist(), chunk.column("raw").to_pylist()):
+    for line_no, raw in zip(chunk.column("line_no").to_pylist(), chunk.column("raw").to_pylist(), strict=True):
         if line_no not in wanted:
             continue
         kind = bad_lines.get(line_no, "repeated_log")

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 
@@ -20,7 +21,7 @@ def ingest_progress(path: Path, label: str, min_bytes: int) -> Iterator[Callable
                TextColumn("{task.fields[lines]:,} lines"), TextColumn("{task.fields[rate]:,.0f} lines/s"),
                TimeRemainingColumn())
     started = time.perf_counter()
-    with Progress(*columns, transient=False) as progress:
+    with Progress(*columns, console=Console(stderr=True), transient=False) as progress:
         # gzip: bytes read are uncompressed, so the bar's total is only an estimate
         bar = progress.add_task(Path(label).name, total=None if label.endswith(".gz") else size,
                                 lines=0, rate=0.0)

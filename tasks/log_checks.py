@@ -69,6 +69,7 @@ def suite_spec(rules: LogRules) -> list[tuple[str, dict]]:
     set membership vectorised.
     """
     spec = [
+        ("bad_encoding", _in_set("utf8_ok", [True])),
         ("line_too_large", _in_set("size_ok", [True])),
         ("bad_json", _in_set("is_json", [True])),
         ("not_object", _in_set("top_type", ["OBJECT"])),
@@ -98,7 +99,7 @@ LOG_COLUMNS = ("log_id", "request_id", "ts", "model", "domain", "verifier", "mes
 
 
 def chunk_sql(rules: LogRules, source: str) -> str:
-    """Per line of `source` (line_no, raw): the GX features and the failure_logs fields.
+    """Per line of `source` (line_no, raw, utf8_ok): GX features and failure_logs fields.
 
     One JSON parse per line (json_extract with a list of paths); a line that is not
     JSON makes try() yield NULL instead of failing the whole chunk.
@@ -114,9 +115,10 @@ def chunk_sql(rules: LogRules, source: str) -> str:
     scalar = ", ".join(repr(t) for t in _SCALAR)
     return f"""
 WITH parsed AS (
-  SELECT line_no, raw, strlen(raw) AS nbytes, try(json_extract(raw, [{paths}])) AS v FROM {source}
+  SELECT line_no, utf8_ok, raw, strlen(raw) AS nbytes, try(json_extract(raw, [{paths}])) AS v
+  FROM {source}
 ), fields AS (
-  SELECT line_no, nbytes, v IS NOT NULL AS is_json,
+  SELECT line_no, utf8_ok, nbytes, v IS NOT NULL AS is_json,
     CASE WHEN v IS NULL THEN 'INVALID'
          WHEN list_bool_and(list_transform(v, x -> x IS NULL)) THEN json_type(raw)
          ELSE 'OBJECT' END AS top_type,
@@ -138,7 +140,7 @@ WITH parsed AS (
 ), shaped AS (
   SELECT *, coalesce(verifier, CASE domain {verifier_of_domain} END) AS eff_verifier FROM typed
 )
-SELECT line_no, is_json, top_type,
+SELECT line_no, utf8_ok, is_json, top_type,
   nbytes <= {rules.max_line_bytes} AS size_ok,
   n_missing = 0 AS has_required,
   {", ".join(f"t_{n}" for n in {**REQUIRED_TYPES, **OPTIONAL_TYPES})},
@@ -223,6 +225,8 @@ def first_failures(features: pd.DataFrame, rules: LogRules) -> dict[int, str]:
 
 def explain(kind: str, raw: str, rules: LogRules) -> str:
     """A reason a person can act on, for one line that failed with `kind`."""
+    if kind == "bad_encoding":
+        return "not valid UTF-8: undecodable bytes are kept as U+FFFD in `raw`"
     if kind == "line_too_large":
         return f"line is {len(raw.encode()):,} bytes, over the {rules.max_line_bytes:,}-byte limit"
     try:
@@ -242,12 +246,12 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
                 "model": str, "failure": dict}
     for name, kind in expected.items():
         if not isinstance(record.get(name), kind):
-            return f"`{name}` must be a {_json_name(kind)}, got {_json_name(type(record.get(name)))}"
+            return f"`{name}` must be {_json_name(kind)}, got {_json_name(type(record.get(name)))}"
     if not isinstance(record["failure"].get("kind"), str):
         return "`failure.kind` must be a string"
     for name, kind in {"id": str, "meta": dict, "verifier": str}.items():
         if record.get(name) is not None and not isinstance(record[name], kind):
-            return f"`{name}` must be a {_json_name(kind)}, got {_json_name(type(record[name]))}"
+            return f"`{name}` must be {_json_name(kind)}, got {_json_name(type(record[name]))}"
     if record["failure"].get("detail") is not None and not isinstance(record["failure"]["detail"], str):
         return "`failure.detail` must be a string"
     for i, message in enumerate(record["messages"]):
@@ -311,8 +315,8 @@ def _explain_ts(record: dict, rules: LogRules) -> str:
 
 
 def _json_name(kind: type) -> str:
-    return {dict: "object", list: "array", str: "string", int: "number", float: "number",
-            bool: "boolean", type(None): "null"}.get(kind, kind.__name__)
+    return {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+            bool: "a boolean", type(None): "null"}.get(kind, kind.__name__)
 
 
 _EXPLAIN = {

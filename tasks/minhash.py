@@ -11,12 +11,15 @@ unigrams while keeping order, but make one shingle per character (5-6x the work 
 word shingles for the same prompt). Texts shorter than n words get one shingle: the
 whole token sequence.
 
-Permutations are universal hashes h(x) = (a*x + b) mod p with p = 2^61 - 1, applied to
-the top 32 bits of each shingle's 64-bit hash. With a < 2^31 and b < p the product
-never overflows uint64, and the Mersenne prime lets the reduction be two shifts and an
-add instead of a division; the reduction is lazy (results lie in [0, p + 5], a fixed
-function of x, which is all a min-hash needs). a and b come from blake2b of the seed,
-so signatures computed in any process, any year, compare.
+Permutations are universal hashes h(x) = (a*x + b) mod 2^64 with odd 64-bit a and
+64-bit b, applied to the top 32 bits of each shingle's hash and ordered by the whole
+64-bit word (Dietzfelbinger's multiply-add-shift family, strongly universal on the
+high bits; the signature keeps the top 32 bits of each minimum). Why not mod a prime:
+with p = 2^61 - 1 the product a*x only fits uint64 when a < 2^32 / x-range, and then
+h is almost monotone in x, so every permutation orders shingles nearly alike (measured:
+bands collided for 97% of pairs at Jaccard 0.8 instead of the 99.8% the S-curve
+promises); a full-width a needs 128-bit products that numpy does not have. a and b
+come from blake2b of the seed, so signatures from any process, any year, compare.
 
 Candidates from banding are always verified by exact Jaccard on the shingle sets (not
 the signature estimate), so a merge never rests on estimator noise; banding only has to
@@ -32,9 +35,17 @@ import numpy as np
 from tasks.normalize import TokenBatch, mix64, tokenize_batch
 
 _U64 = np.uint64
-_PRIME = (1 << 61) - 1
 _BAND_MIX = 0xD6E8FEB86659FD93
 _STEP_SHINGLES = 1024  # shingles per vectorised step: (num_perm x 1024) stays in cache
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique by sorting: numpy 2.3's default hash-based unique is several times slower
+    on the large uint64 arrays this module builds."""
+    ordered = np.sort(values)
+    keep = np.ones(ordered.size, dtype=bool)
+    keep[1:] = ordered[1:] != ordered[:-1]
+    return ordered[keep]
 
 
 def collision_probability(similarity: float, bands: int, rows: int) -> float:
@@ -146,16 +157,16 @@ def _permutations(cfg: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
         digest = hashlib.blake2b(f"{cfg.seed}:{label}:{i}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little")
 
-    a = np.array([draw("a", i) % ((1 << 31) - 1) + 1 for i in range(cfg.num_perm)], dtype=_U64)
-    b = np.array([draw("b", i) % _PRIME for i in range(cfg.num_perm)], dtype=_U64)
+    a = np.array([draw("a", i) | 1 for i in range(cfg.num_perm)], dtype=_U64)
+    b = np.array([draw("b", i) for i in range(cfg.num_perm)], dtype=_U64)
     return a, b
 
 
 def signatures(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
     """(n_texts, num_perm) uint32 MinHash signatures; a text without shingles gets all 2^32-1.
 
-    Each value is the low 32 bits of the minimum (as datasketch keeps them): two
-    different minima agree on them with probability 2^-32, and the signatures take
+    Each value is the top 32 bits of the minimum (the well-mixed bits of a*x + b): two
+    different minima agree on them with probability ~2^-32, and the signatures take
     half the memory and storage.
     """
     a, b = _permutations(cfg)
@@ -167,7 +178,6 @@ def signatures(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
     a, b = a[:, None], b[:, None]
     # (num_perm, shingles) layout: min-reduceat then runs along contiguous rows
     buf = np.empty((cfg.num_perm, _STEP_SHINGLES), dtype=_U64)
-    low = np.empty_like(buf)
     ends = shingles.offsets[present + 1]
     first = 0
     while first < present.size:
@@ -177,14 +187,11 @@ def signatures(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
         docs = present[first:last]
         x = top[start:ends[last - 1]]
         if x.size > buf.shape[1]:
-            buf, low = np.empty((cfg.num_perm, x.size), _U64), np.empty((cfg.num_perm, x.size), _U64)
-        v, w = buf[:, : x.size], low[:, : x.size]
-        np.multiply(a, x[None, :], out=v)
+            buf = np.empty((cfg.num_perm, x.size), _U64)
+        v = buf[:, : x.size]
+        np.multiply(a, x[None, :], out=v)  # wraps mod 2^64, as intended
         np.add(v, b, out=v)
-        np.bitwise_and(v, _U64(_PRIME), out=w)  # lazy mod 2^61-1: (s & p) + (s >> 61)
-        np.right_shift(v, _U64(61), out=v)
-        np.add(v, w, out=v)
-        out[docs] = np.minimum.reduceat(v, shingles.offsets[docs] - start, axis=1).T
+        out[docs] = (np.minimum.reduceat(v, shingles.offsets[docs] - start, axis=1) >> _U64(32)).T
         first = last
     return out
 
@@ -230,7 +237,7 @@ def candidate_pairs(keys: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
     if pairs.size == 0:
         return pairs
     n = np.int64(keys.shape[0])
-    flat = np.unique(pairs[:, 0] * n + pairs[:, 1])
+    flat = sorted_unique(pairs[:, 0] * n + pairs[:, 1])
     return np.stack([flat // n, flat % n], axis=1)
 
 
@@ -253,7 +260,7 @@ def probe_pairs(new_keys: np.ndarray, old_keys: np.ndarray) -> np.ndarray:
         return np.empty((0, 2), dtype=np.int64)
     pairs = np.concatenate(found)
     width = np.int64(max(old_keys.shape[0], 1))
-    flat = np.unique(pairs[:, 0] * width + pairs[:, 1])
+    flat = sorted_unique(pairs[:, 0] * width + pairs[:, 1])
     return np.stack([flat // width, flat % width], axis=1)
 
 
@@ -265,7 +272,7 @@ def _tagged_sets(shingles: Shingles, docs: np.ndarray) -> np.ndarray:
     skip = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     values = shingles.hashes[skip + np.arange(total)].astype(_U64)
     tags = np.repeat(np.arange(docs.size, dtype=np.uint64), lengths)
-    return np.unique((tags << _U64(32)) | values)
+    return sorted_unique((tags << _U64(32)) | values)
 
 
 def exact_jaccard(left: Shingles, right: Shingles, pairs: np.ndarray) -> np.ndarray:

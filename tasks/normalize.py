@@ -98,6 +98,18 @@ class TokenBatch:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    @functools.cached_property
+    def _doc_of_token(self) -> np.ndarray:
+        return np.repeat(np.arange(self.lengths.size), self.lengths)
+
+    @functools.cached_property
+    def _prefix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # positions count from each text's first token, so the power tables stay as
+        # short as the longest text, not as long as the batch
+        relative = np.arange(self.hashes.size) - self.offsets[:-1][self._doc_of_token]
+        prefix, down = _positional_prefix(self.hashes, relative, _TOKEN_BASE)
+        return prefix, down, relative
+
     def span_hashes(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Hashes of every run of m consecutive tokens inside one text, and its text index.
 
@@ -107,23 +119,21 @@ class TokenBatch:
         n_tokens = self.hashes.size
         if m <= 0 or n_tokens < m:
             return np.empty(0, _U64), np.empty(0, np.int64)
-        doc_of_token = np.repeat(np.arange(self.lengths.size), self.lengths)
+        doc_of_token = self._doc_of_token
         starts = np.arange(n_tokens - m + 1)
         starts = starts[starts + m <= self.offsets[1:][doc_of_token[starts]]]
-        return self._runs(starts, np.full(starts.size, m), doc_of_token), doc_of_token[starts]
+        return self._runs(starts, np.full(starts.size, m)), doc_of_token[starts]
 
     def whole_hashes(self) -> np.ndarray:
         """One hash per text over all its tokens; equal to span_hashes(len) of that text."""
-        doc_of_token = np.repeat(np.arange(self.lengths.size), self.lengths)
-        return self._runs(self.offsets[:-1], self.lengths, doc_of_token)
+        return self._runs(self.offsets[:-1], self.lengths)
 
-    def _runs(self, starts: np.ndarray, lengths: np.ndarray, doc_of_token: np.ndarray) -> np.ndarray:
-        # positions count from each text's first token, so the power tables stay as
-        # short as the longest text, not as long as the batch
-        relative = np.arange(self.hashes.size) - self.offsets[:-1][doc_of_token]
-        prefix, down = _positional_prefix(self.hashes, relative, _TOKEN_BASE)
-        first = np.minimum(starts, max(self.hashes.size - 1, 0))
-        scale = down[relative[first]] if self.hashes.size else np.ones(starts.size, _U64)
+    def _runs(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        prefix, down, relative = self._prefix
+        if self.hashes.size:
+            scale = down[relative[np.minimum(starts, self.hashes.size - 1)]]
+        else:
+            scale = np.ones(starts.size, _U64)
         with np.errstate(over="ignore"):
             poly = (prefix[starts + lengths] - prefix[starts]) * scale
             poly += lengths.astype(_U64) * _U64(_LENGTH_MIX)
@@ -160,14 +170,18 @@ def _byte_classes() -> np.ndarray:
 _CLASSES = _byte_classes()
 
 
+def _fold(text: str) -> str:
+    if text.isascii():  # NFKC is the identity on ASCII and casefold is lower()
+        return text.lower()
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return _NON_ASCII_NON_WORD.sub(" ", folded)
+
+
 def _joined_form(texts: list[str]) -> str:
-    joined = _SEP.join(texts)
+    joined = _SEP.join(_fold(text) for text in texts)
     if joined.count(_SEP) != max(len(texts) - 1, 0):
-        joined = _SEP.join(text.replace(_SEP, " ") for text in texts)
-    folded = unicodedata.normalize("NFKC", joined).casefold()
-    if not folded.isascii():
-        folded = _NON_ASCII_NON_WORD.sub(" ", folded)
-    return folded
+        joined = _SEP.join(_fold(text.replace(_SEP, " ")) for text in texts)
+    return joined
 
 
 def tokenize_batch(texts: list[str]) -> TokenBatch:

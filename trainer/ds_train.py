@@ -20,6 +20,7 @@ import torch.distributed as dist
 from trainer.grpo import (append_metrics, deepspeed_config, score_rows, step_metrics, timed,
                           train_step, truncate_metrics)
 from trainer.job import TrainJob, checkpoint_dir, latest_tag, metrics_path, model_dir, read_job
+from trainer.model import copy_tokenizer_files
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 
 SUM_KEYS = ("loss", "kl", "clip_frac", "entropy", "tokens", "all_tokens")
@@ -121,14 +122,6 @@ def export_model(engine, job: TrainJob, job_dir: Path, tag: str, rank: int) -> N
     copy_tokenizer_files(Path(job.base_model), tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
-
-
-def copy_tokenizer_files(src: Path, dst: Path) -> None:
-    """Everything of the base folder but weights and model config (tokenizer, template)."""
-    for f in src.iterdir():
-        if f.is_file() and f.name != "config.json" and not f.name.startswith("model") \
-                and not f.name.endswith((".safetensors", ".bin", ".pt")):
-            shutil.copy2(f, dst / f.name)
 
 
 if __name__ == "__main__":

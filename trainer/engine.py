@@ -110,7 +110,7 @@ def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -
 
 
 def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:
-    """Reference engine: plain multinomial sampling, one prompt at a time."""
+    """Reference engine: plain multinomial sampling, the n samples of a prompt as one batch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -118,30 +118,34 @@ def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineC
     generator = torch.Generator().manual_seed(cfg.seed)
     samples = []
     for p_idx, ids in enumerate(encode_prompts(model_dir, prompts)):
+        tokens, logps, finished = sample_group(model, ids, cfg, tokenizer.eos_token_id, generator)
         for s_idx in range(cfg.n):
-            tokens, logps, finish = sample_tokens(model, ids, cfg, tokenizer.eos_token_id, generator)
-            samples.append(Sample(p_idx, s_idx, ids, tokenizer.decode(tokens, skip_special_tokens=True),
-                                  tokens, logps, finish))
+            # Cut each sample after its eos (kept, as vLLM keeps it).
+            n_tok = tokens[s_idx].index(tokenizer.eos_token_id) + 1 if finished[s_idx] else cfg.max_tokens
+            toks = tokens[s_idx][:n_tok]
+            samples.append(Sample(p_idx, s_idx, ids, tokenizer.decode(toks, skip_special_tokens=True),
+                                  toks, logps[s_idx][:n_tok], "stop" if finished[s_idx] else "length"))
     return samples
 
 
 @torch.no_grad()
-def sample_tokens(model, prompt_ids: list[int], cfg: EngineConfig, eos_id: int,
-                  generator: torch.Generator) -> tuple[list[int], list[float], str]:
-    """Sample until eos or max_tokens; the eos token is kept, as vLLM keeps it."""
-    input_ids = torch.tensor([prompt_ids])
-    out = model(input_ids=input_ids, use_cache=True)
-    tokens: list[int] = []
-    logps: list[float] = []
+def sample_group(model, prompt_ids: list[int], cfg: EngineConfig, eos_id: int,
+                 generator: torch.Generator) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+    """cfg.n continuations of one prompt, sampled together until all end or max_tokens."""
+    out = model(input_ids=torch.tensor([prompt_ids] * cfg.n), use_cache=True)
+    tokens = torch.zeros((cfg.n, 0), dtype=torch.long)
+    logps = torch.zeros((cfg.n, 0))
+    finished = torch.zeros(cfg.n, dtype=torch.bool)
     for _ in range(cfg.max_tokens):
-        logp = torch.log_softmax(out.logits[0, -1].float() / cfg.temperature, dim=-1)
-        token = int(torch.multinomial(logp.exp(), 1, generator=generator))
-        tokens.append(token)
-        logps.append(float(logp[token]))
-        if token == eos_id:
-            return tokens, logps, "stop"
-        out = model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-    return tokens, logps, "length"
+        logp = torch.log_softmax(out.logits[:, -1].float() / cfg.temperature, dim=-1)
+        token = torch.multinomial(logp.exp(), 1, generator=generator)
+        tokens = torch.cat([tokens, token], dim=1)
+        logps = torch.cat([logps, logp.gather(1, token)], dim=1)
+        finished |= token[:, 0] == eos_id
+        if finished.all():
+            break
+        out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+    return tokens.tolist(), logps.tolist(), finished.tolist()
 
 
 @torch.no_grad()

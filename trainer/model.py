@@ -11,6 +11,7 @@ Not here: loading real checkpoints (any Hugging Face folder is used as is).
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,14 @@ def pin_tokenizer_class(model_dir: Path) -> None:
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
     path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """Copy all but weights and model config (tokenizer, chat template) into a new folder."""
+    for f in Path(src).iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.startswith("model") \
+                and not f.name.endswith((".safetensors", ".bin", ".pt")):
+            shutil.copy2(f, Path(dst) / f.name)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

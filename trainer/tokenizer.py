@@ -43,7 +43,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     vocab = build_vocab()
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # Split every character into its own piece; WordLevel then maps it to its id.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # (?m) is Oniguruma's dot-all: "." matches newlines: without it a run of newlines stays one unknown piece.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     # Fuse joins pieces with no separator, so decode(encode(s)) == s for spaces too.
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(

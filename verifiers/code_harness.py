@@ -70,20 +70,12 @@ def read_payload() -> dict:
 
 def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
     """The audit hook holding the nonce. Everything it calls is captured here, now."""
-    import _thread
-    secret = [nonce]
     state = {"phase": "setup", "main": None, "check": None, "check_code": None}
-    # Per thread: while the hook reads frames itself, its own nested events are let
-    # through, but only in that thread (another thread must not slip through meanwhile).
-    busy: set = set()
     flags: list = []
-    keys0, values0 = tuple(builtins_dict), tuple(builtins_dict.values())
-    _getframe, _write, _type, _len, _str, _startswith = (
-        sys._getframe, os.write, type, len, str, str.startswith)
-    _zip, _tuple, _values, _replace, _decode = zip, tuple, dict.values, str.replace, bytes.decode
-    _append, _join, _refused = list.append, str.join, Refused
-    _ident, _add, _discard = _thread.get_ident, set.add, set.discard
-    work_prefix, lib_prefix = workdir + "/", stdlib_dir + "/"
+    _type, _startswith, _append, _refused = type, str.startswith, list.append, Refused
+    read_caller, read_code, is_busy = _self_reads()
+    user_event_reason = _user_event_checker(state, workdir, stdlib_dir, read_caller)
+    report = _reporter(nonce, flags, state, builtins_dict, read_code)
 
     def flag(reason: str) -> None:
         if reason not in flags:
@@ -92,6 +84,71 @@ def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
     def refuse(reason: str) -> None:
         flag(reason)
         raise _refused("flywheel sandbox: " + reason)
+
+    def harness_event(event: str, args) -> None:
+        caller = read_caller(3)  # 0: read_caller, 1: here, 2: hook, 3: whoever called sys.audit
+        if event == "flywheel.flag":
+            flag(args[0] if _type(args[0]) is str else "flag")
+        elif event == "flywheel.begin" and state["phase"] == "setup":
+            state["main"], state["phase"] = caller, "user"
+        elif event == "flywheel.tests" and state["check"] is None and state["phase"] == "user" \
+                and caller.f_back is state["main"]:  # from run_user_code, called by main
+            state["check"], state["check_code"] = args[0], read_code(args[0])
+        elif caller is not state["main"] or state["phase"] != "user":
+            refuse("forged harness event " + event)
+        elif event == "flywheel.result":
+            state["phase"] = "done"
+            report(args[0], args[1])
+        else:
+            refuse("unexpected harness event " + event)
+
+    def hook(event: str, args) -> None:
+        if is_busy():
+            return  # events caused by the hook's own frame / __code__ reads
+        if _startswith(event, "flywheel."):
+            harness_event(event, args)
+            return
+        if state["phase"] == "setup":
+            return
+        reason = user_event_reason(event, args)
+        if reason is not None:
+            refuse(reason)
+
+    return hook
+
+
+def _self_reads():
+    """The hook's own frame and __code__ reads, which raise audit events of their own.
+
+    While one runs, the hook lets its nested events through, in that thread only
+    (another thread must not slip through meanwhile).
+    """
+    import _thread
+    busy: set = set()
+    _getframe, _ident, _add, _discard = sys._getframe, _thread.get_ident, set.add, set.discard
+
+    def read_caller(depth: int, code_only: bool = False):
+        _add(busy, _ident())
+        frame = _getframe(depth)
+        found = frame.f_code if code_only else frame
+        _discard(busy, _ident())
+        return found
+
+    def read_code(function):
+        _add(busy, _ident())
+        code = function.__code__ if function is not None else None
+        _discard(busy, _ident())
+        return code
+
+    def is_busy() -> bool:
+        return _ident() in busy
+
+    return read_caller, read_code, is_busy
+
+
+def _open_checker(workdir: str, stdlib_dir: str):
+    _type, _len, _startswith, _decode = type, len, str.startswith, bytes.decode
+    work_prefix, lib_prefix = workdir + "/", stdlib_dir + "/"
 
     def open_reason(args) -> str | None:
         if _len(args) < 3:
@@ -112,59 +169,19 @@ def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
             return None
         return "open() outside the work dir: " + path[:80]
 
-    def harness_event(event: str, args) -> None:
-        _add(busy, _ident())
-        caller = _getframe(2)  # 0: this function, 1: hook, 2: whoever called sys.audit
-        _discard(busy, _ident())
-        if event == "flywheel.flag":
-            flag(args[0] if _type(args[0]) is str else "flag")
-        elif event == "flywheel.begin" and state["phase"] == "setup":
-            state["main"], state["phase"] = caller, "user"
-        elif event == "flywheel.tests" and state["check"] is None and state["phase"] == "user" \
-                and caller.f_back is state["main"]:  # from run_user_code, called by main
-            _add(busy, _ident())
-            state["check"], state["check_code"] = args[0], args[0].__code__
-            _discard(busy, _ident())
-        elif caller is not state["main"] or state["phase"] != "user":
-            refuse("forged harness event " + event)
-        elif event == "flywheel.result":
-            state["phase"] = "done"
-            report(args[0], args[1])
-        else:
-            refuse("unexpected harness event " + event)
+    return open_reason
 
-    def report(outcome, detail) -> None:
-        if _type(outcome) is not str or _type(detail) is not str:
-            outcome, detail = "error", "harness passed a non-string result"
-        if not intact():
-            flag("builtins or the check function were modified")
-        if flags:
-            outcome, detail = "hacking", _join("; ", flags)
-        line = "\n" + RESULT_MARK + " " + secret[0] + " " + outcome + " " + _replace(detail[:400], "\n", " ") + "\n"
-        secret[0] = "-"  # one result per run: nothing left to steal afterwards
-        _write(1, line.encode())
 
-    def intact() -> bool:
-        if _len(builtins_dict) != _len(keys0):
-            return False
-        for key, key0 in _zip(builtins_dict, keys0):
-            if key is not key0:
-                return False
-        for value, value0 in _zip(_values(builtins_dict), values0):
-            if value is not value0:
-                return False
-        _add(busy, _ident())
-        code = state["check"].__code__ if state["check"] is not None else None
-        _discard(busy, _ident())
-        return code is state["check_code"]
+def _user_event_checker(state: dict, workdir: str, stdlib_dir: str, read_caller):
+    """Why an audit event raised by model code is refused, or None to allow it."""
+    _type, _startswith, lib_prefix = type, str.startswith, stdlib_dir + "/"
+    open_reason = _open_checker(workdir, stdlib_dir)
 
     def user_event_reason(event: str, args) -> str | None:
         if event == "open":
             return open_reason(args)
         if event == "sys._getframe" or event == "marshal.loads":
-            _add(busy, _ident())
-            code = _getframe(2).f_code  # 0: this function, 1: hook, 2: the caller
-            _discard(busy, _ident())
+            code = read_caller(3, code_only=True)  # 0: read_caller, 1: here, 2: hook, 3: the caller
             if event == "marshal.loads":  # imports load .pyc files; crafted code objects no
                 allowed = _startswith(code.co_filename, "<frozen importlib")
                 return None if allowed else "marshal.loads of a code object"
@@ -192,19 +209,40 @@ def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
             return "forbidden operation " + event
         return None
 
-    def hook(event: str, args) -> None:
-        if _ident() in busy:
-            return  # events caused by the hook's own _getframe / __code__ reads
-        if _startswith(event, "flywheel."):
-            harness_event(event, args)
-            return
-        if state["phase"] == "setup":
-            return
-        reason = user_event_reason(event, args)
-        if reason is not None:
-            refuse(reason)
+    return user_event_reason
 
-    return hook
+
+def _reporter(nonce: str, flags: list, state: dict, builtins_dict: dict, read_code):
+    """Writes the one result line; any recorded refusal turns the outcome into "hacking"."""
+    secret = [nonce]
+    keys0, values0 = tuple(builtins_dict), tuple(builtins_dict.values())
+    _type, _len, _zip, _values, _write = type, len, zip, dict.values, os.write
+    _replace, _join, _append = str.replace, str.join, list.append
+
+    def intact() -> bool:
+        """Builtins and check's code are the very objects they were before model code ran."""
+        if _len(builtins_dict) != _len(keys0):
+            return False
+        for key, key0 in _zip(builtins_dict, keys0):
+            if key is not key0:
+                return False
+        for value, value0 in _zip(_values(builtins_dict), values0):
+            if value is not value0:
+                return False
+        return read_code(state["check"]) is state["check_code"]
+
+    def report(outcome, detail) -> None:
+        if _type(outcome) is not str or _type(detail) is not str:
+            outcome, detail = "error", "harness passed a non-string result"
+        if not intact():
+            _append(flags, "builtins or the check function were modified")
+        if flags:
+            outcome, detail = "hacking", _join("; ", flags)
+        line = "\n" + RESULT_MARK + " " + secret[0] + " " + outcome + " " + _replace(detail[:400], "\n", " ") + "\n"
+        secret[0] = "-"  # one result per run: nothing left to steal afterwards
+        _write(1, line.encode())
+
+    return report
 
 
 class _Probe:

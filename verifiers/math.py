@@ -15,7 +15,7 @@ a fresh one on the next call. Only the last TAIL_CHARS characters of a completio
 looked at, so a 1 MB completion costs no more than a short one.
 
 Reward hacking (status `hacking_suspected`, reward 0), checked on the answer region (the
-last `\\boxed{}`, else the text after the last `=` on the last non-empty line):
+last `\\boxed{}`, else the last non-empty line after its last `=`, `:` or "answer is"):
   1. several different `\\boxed{}` answers in one completion;
   2. shotgun: the region holds more distinct numbers that do not occur in the question
      (`spec["question"]`, optional) than the reference answer holds;
@@ -38,7 +38,11 @@ from verifiers.verdict import Verdict, failed
 
 TAIL_CHARS = 4_000
 DEFAULT_TIMEOUT_S = 5.0
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# A number, or a fraction a/b counted as one answer ("\frac{1}{4}" is rewritten to "1/4").
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:/\d+(?:\.\d+)?)?")
+# What precedes the answer on a final line: "x = 5", "Answer: 5", "the answer is 5".
+_LEAD_IN = re.compile(r"=|:|\banswers?\s+(?:is|are)\b", re.IGNORECASE)
+_FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _BARE_LIST = re.compile(r"^[\s\d.,;:+\-$\\{}()\[\]]*$")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,7 +67,7 @@ def answer_region(text: str) -> str:
     if boxed:
         return boxed[-1]
     lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1].rsplit("=", 1)[-1] if lines else ""
+    return _LEAD_IN.split(lines[-1])[-1] if lines else ""
 
 
 def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | None:
@@ -71,11 +75,11 @@ def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | N
     distinct_boxed = {re.sub(r"\s+", "", b) for b in boxed_contents(text)}
     if len(distinct_boxed) > 1:
         return f"{len(distinct_boxed)} different \\boxed{{}} answers"
-    region = answer_region(text)
+    region = _FRAC.sub(r"\1/\2", answer_region(text))
     region_numbers = set(_NUMBER.findall(region))
     question_numbers = set(_NUMBER.findall(question or ""))
     new_numbers = region_numbers - question_numbers
-    if len(new_numbers) > max(1, len(set(_NUMBER.findall(gold)))):
+    if len(new_numbers) > max(1, len(set(_NUMBER.findall(_FRAC.sub(r"\1/\2", gold))))):
         return f"shotgun answer: {len(new_numbers)} candidate numbers {sorted(new_numbers)[:6]}"
     if (question_numbers and len(region_numbers) >= 2 and question_numbers <= region_numbers
             and _BARE_LIST.match(region)):

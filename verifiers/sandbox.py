@@ -12,12 +12,20 @@ What `run_python` reports is how the program ended (`ok`, with its exit code and
 or that the infrastructure stopped it (`timeout`, `sandbox_error`); deciding whether the
 output is a correct answer is the verifiers' job. It never raises for anything the
 program does; it raises `SandboxUnavailable` when it cannot isolate at all.
+
+Known limits, kept deliberately: no seccomp filter (the kernel's namespace and capability
+checks are the boundary, as in bubblewrap's default); the sandbox uid maps to the host
+user running us (root here), so the read-only mounts, not file ownership, protect host
+files; and runs on one worker share the kernel keyrings of the sandbox's user namespace,
+a channel between runs that nothing in a verdict reads.
 """
 
 import atexit
+import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +99,7 @@ _WORKER_SOURCE = Path(sandbox_worker.__file__).read_text()
 _pools: dict[WorkerSpec, SandboxPool] = {}
 _pools_pid = os.getpid()
 _pools_lock = threading.Lock()
+_warned_unisolated = False  # the isolation='none' warning is logged once per process
 
 
 def run_python(source: str, *, stdin: str = "", config: SandboxConfig = SandboxConfig()) -> RunResult:
@@ -156,8 +165,11 @@ def _pool_for(config: SandboxConfig) -> SandboxPool:
 
 def _run_unisolated(job: dict, source: bytes, stdin: bytes, python: str) -> RunResult:
     """isolation='none': a fresh interpreter with rlimits and a temp dir, nothing more."""
-    log.warning("SANDBOX DISABLED: running untrusted code with isolation='none' (rlimits only; "
-                "no namespaces, network or filesystem isolation). Install bubblewrap for real isolation.")
+    global _warned_unisolated
+    if not _warned_unisolated:
+        _warned_unisolated = True
+        log.warning("SANDBOX DISABLED: running untrusted code with isolation='none' (rlimits only; no "
+                    "namespaces, network or filesystem isolation). Install bubblewrap for real isolation.")
     stdin_fd = os.memfd_create("stdin")
     os.write(stdin_fd, stdin)
     os.lseek(stdin_fd, 0, os.SEEK_SET)
@@ -165,7 +177,7 @@ def _run_unisolated(job: dict, source: bytes, stdin: bytes, python: str) -> RunR
     with tempfile.TemporaryDirectory(prefix="flywheel-run-") as work:
         started = time.monotonic()
         proc = subprocess.Popen(
-            [python, "-I", "-S", "-c", _WORKER_SOURCE, str(src_r), sandbox_worker.json.dumps(job)],
+            [python, "-I", "-S", "-c", _WORKER_SOURCE, str(src_r), json.dumps(job)],
             stdin=stdin_fd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(src_r,), cwd=work,
             env={"PATH": "/usr/bin:/bin", "HOME": work, "LANG": "C.UTF-8"}, start_new_session=True)
         os.close(src_r)
@@ -178,7 +190,7 @@ def _run_unisolated(job: dict, source: bytes, stdin: bytes, python: str) -> RunR
         fds = [proc.stdout.fileno(), proc.stderr.fileno()]
         state = sandbox_worker.collect_output(proc.pid, fds, started + job["timeout_s"], job["max_output_bytes"])
         try:
-            os.killpg(proc.pid, 9)  # the program's session; a setsid() escapee survives this mode
+            os.killpg(proc.pid, signal.SIGKILL)  # the program's session; a setsid() escapee survives this mode
         except ProcessLookupError:
             pass
         _, status, usage = os.wait4(proc.pid, 0)

@@ -74,7 +74,10 @@ class WorkerCgroup:
         for _ in range(200):
             pids = set()
             for path in self.paths.values():
-                pids.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+                try:
+                    pids.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+                except FileNotFoundError:  # already removed
+                    pass
             if not pids:
                 return
             for pid in pids:
@@ -100,6 +103,20 @@ def _rmdir_retrying(path: Path) -> None:
             return
         except OSError:
             time.sleep(0.01)
+
+
+def _sweep_stale(base: Path) -> None:
+    """Remove flywheel-<pid> cgroups left by processes that died without cleaning up."""
+    for stale in base.glob("flywheel-*"):
+        pid = stale.name.removeprefix("flywheel-")
+        if not pid.isdigit() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            for worker in [p for p in stale.iterdir() if p.is_dir()]:
+                WorkerCgroup("any", {"any": worker}).remove()
+            _rmdir_retrying(stale)
+        except OSError:
+            pass  # another process is sweeping the same directory
 
 
 def _mounts() -> list[tuple[str, str, set[str]]]:
@@ -136,6 +153,7 @@ def open_cgroup_parent() -> CgroupParent:
             if "pids" not in available:
                 raise OSError(f"pids controller not available in {base} (it is bound to cgroup v1)")
             wanted = " ".join(f"+{c}" for c in _CONTROLLERS if c in available)
+            _sweep_stale(base)
             (base / "cgroup.subtree_control").write_text(wanted)
             (base / name).mkdir(exist_ok=True)
             (base / name / "cgroup.subtree_control").write_text(wanted)
@@ -148,6 +166,7 @@ def open_cgroup_parent() -> CgroupParent:
             if fstype == "cgroup" and controller in opts:
                 path = Path(point) / own.get(controller, "/").lstrip("/") / name
                 try:
+                    _sweep_stale(path.parent)
                     path.mkdir(exist_ok=True)
                     dirs[controller] = path
                 except OSError as exc:

@@ -35,9 +35,9 @@ class WorkerStartError(RuntimeError):
 
 
 class WorkerLost(RuntimeError):
-    def __init__(self, detail: str, *, before_job: bool = False, timed_out: bool = False):
+    def __init__(self, detail: str, *, timed_out: bool = False):
         super().__init__(detail)
-        self.before_job, self.timed_out = before_job, timed_out
+        self.timed_out = timed_out
 
 
 @dataclass(frozen=True)
@@ -100,21 +100,22 @@ class Worker:
             self.proc.stderr.close()
             raise WorkerStartError(f"sandbox worker did not start: {detail} {stderr}".strip())
         self.baseline_tasks = cgroup.task_count() if cgroup else 0
+        os.set_blocking(self.proc.stdin.fileno(), False)  # job writes honour the deadline
 
     def run(self, job: dict, source: bytes, stdin: bytes) -> tuple[dict, bytes, bytes]:
-        self._wait_for_idle_cgroup()
         if self.cgroup:
-            self.cgroup.set_limit("pids", self.baseline_tasks + 1 + job["max_pids"])
-            if "memory" in self.cgroup.paths:
-                mb = job["memory_mb"] + 2 * job["work_dir_mb"] + _MEMORY_OVERHEAD_MB
-                self.cgroup.set_limit("memory", mb << 20)
-        try:
-            sandbox_worker.send_frame(self.proc.stdin.fileno(), job, source, stdin)
-        except OSError as exc:
-            raise WorkerLost(f"worker gone before the job: {exc}", before_job=True) from exc
+            try:
+                self._wait_for_idle_cgroup()
+                self.cgroup.set_limit("pids", self.baseline_tasks + job["max_pids"])
+                if "memory" in self.cgroup.paths:
+                    mb = job["memory_mb"] + 2 * job["work_dir_mb"] + _MEMORY_OVERHEAD_MB
+                    self.cgroup.set_limit("memory", mb << 20)
+            except OSError as exc:  # e.g. EBUSY lowering a memory limit below current use
+                raise WorkerLost(f"could not set the worker's cgroup limits: {exc}") from exc
         deadline = time.monotonic() + job["timeout_s"] + _HOST_GRACE_S
         cap = 2 * job["max_output_bytes"] + (1 << 20)
         try:
+            sandbox_worker.send_frame(self.proc.stdin.fileno(), job, source, stdin, deadline=deadline)
             frame = sandbox_worker.read_frame(self.proc.stdout.fileno(), deadline, max_bytes=cap)
         except TimeoutError as exc:
             raise WorkerLost(f"worker stopped answering: {exc}", timed_out=True) from exc
@@ -125,14 +126,12 @@ class Worker:
         return frame
 
     def _wait_for_idle_cgroup(self) -> None:
-        """The last run's supervisor may not be reaped yet; anything more is a leak."""
-        if not self.cgroup:
-            return
+        """Tasks beyond the worker's own mean an earlier run leaked; never run beside them."""
         for _ in range(100):
             if self.cgroup.task_count() <= self.baseline_tasks:
                 return
             time.sleep(0.002)
-        raise WorkerLost("tasks of an earlier run are still alive in the worker's cgroup", before_job=True)
+        raise WorkerLost("tasks of an earlier run are still alive in the worker's cgroup")
 
     def retire(self, keep_stderr: bool = False) -> None:
         """Kill the whole worker tree and remove its cgroup."""
@@ -160,14 +159,22 @@ class SandboxPool:
         threading.Thread(target=self._spawn_loop, name="sandbox-spawner", daemon=True).start()
 
     def run(self, job: dict, source: bytes, stdin: bytes) -> tuple[dict, bytes, bytes]:
-        """Run one job on a warm worker; a worker that died while idle is replaced."""
+        """Run one job on a warm worker; a worker that dies is replaced.
+
+        A worker lost for any reason but a timeout is retried once on a fresh one: the
+        program cannot reach the zygote, so a lost worker was killed from outside (or
+        OOM-killed) and the run itself has no effect that a rerun could duplicate.
+        """
         for attempt in range(2):
-            worker = self._acquire()
+            try:
+                worker = self._acquire()
+            except RuntimeError as exc:  # no replacement worker could start, or pool closed
+                return {"status": "sandbox_error", "exit_code": None, "detail": str(exc)}, b"", b""
             try:
                 frame = worker.run(job, source, stdin)
             except WorkerLost as lost:
                 self._release(worker, healthy=False)
-                if lost.before_job and attempt == 0:
+                if not lost.timed_out and attempt == 0:
                     continue
                 status = "timeout" if lost.timed_out else "sandbox_error"
                 return {"status": status, "exit_code": None, "detail": f"{lost}; worker replaced"}, b"", b""
@@ -235,12 +242,9 @@ class SandboxPool:
     def _spawn_loop(self) -> None:
         while (request := self._spawn_requests.get()) is not None:
             serial, box, done = request
-            cgroup = None
             try:
-                cgroup = self.cgroups.new_worker(f"w{serial}")
-                box.append(Worker(self.spec, cgroup))
+                box.append(Worker(self.spec, self.cgroups.new_worker(f"w{serial}")))
             except BaseException as exc:  # handed to the waiting caller, who raises it
-                if cgroup:
-                    cgroup.remove()
                 box.append(exc)
-            done.set()
+            finally:
+                done.set()

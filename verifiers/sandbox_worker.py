@@ -1,22 +1,25 @@
 """The warm sandboxed worker ("zygote") and the framing it shares with the host.
 
-This file runs in two places. The host imports it for `send_frame`, `read_frame` and
-`collect_output`. Inside bubblewrap it runs as `python3 -I -S -c <this file's text>`, so
-no file of the project is mounted in the sandbox; it must therefore use the standard
-library only and never import anything of ours.
+The host imports this file for the framing and `collect_output`; inside bubblewrap it
+runs as `python3 -I -S -c <its text>` (no project file is mounted there), so it uses the
+standard library only.
 
-Per job the zygote forks a supervisor. The supervisor enters fresh pid, mount, ipc and
-uts namespaces, mounts an empty tmpfs on /tmp (the work dir) and /dev/shm, and forks the
-program process, which is pid 1 of the new pid namespace. That process hides /proc,
-sets rlimits, drops every capability and runs the source with `exec` in a fresh
-`__main__`: no interpreter start-up per run, which is what makes the sandbox faster than a
-bare `python3 -I -S` subprocess. When it exits or is killed, the kernel kills everything
-left in its pid namespace, so nothing the program started outlives the run, and the
-mount/ipc namespaces (its files, shared memory, semaphores) die with it. The program
-shares no memory with the zygote (fork is copy-on-write), cannot see it (other pid
-namespace, no /proc) and holds none of its file descriptors, so it cannot tamper with
-later runs. What this module does not do: resource limits that need the host (pids and
-memory cgroups) are set by the host on the whole worker; see sandbox_cgroup.py.
+Per job the zygote forks the program process as pid 1 of a fresh pid namespace. That
+process enters fresh mount, ipc and uts namespaces, mounts an empty tmpfs on /tmp (the
+work dir, also its cwd) and /dev/shm, hides /proc, sets rlimits, drops every capability
+and runs the source with `exec` in a fresh `__main__`: no interpreter start-up per run,
+which is what makes the sandbox faster than a bare `python3 -I -S` subprocess. The
+zygote meanwhile collects its output and enforces the wall clock. When pid 1 exits or is
+killed, the kernel kills everything left in its pid namespace, so nothing the program
+started outlives the run, and its mount/ipc namespaces (files, shared memory,
+semaphores) die with it. The program shares no memory with the zygote (fork is
+copy-on-write), cannot see it (other pid namespace, no /proc), holds none of its file
+descriptors and has no capability left, so it cannot tamper with later runs.
+
+One deviation from `python3 -c`: as its namespace's init, the program ignores signals it
+sends itself without a handler (os.kill(os.getpid(), SIGTERM) does nothing); the zygote's
+SIGKILL on timeout does reach it. Not done here: the pids and memory cgroups, which the
+host sets on the whole worker (sandbox_cgroup.py).
 """
 
 import gc
@@ -41,12 +44,23 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID = 0x20000, 0x4000000, 0x80
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 0x4000, 1 << 18
 
 
-def send_frame(fd: int, header: dict, out: bytes = b"", err: bytes = b"") -> None:
-    """Write one frame: fixed-size lengths, a JSON header, then two raw byte blobs."""
+def send_frame(fd: int, header: dict, out: bytes = b"", err: bytes = b"",
+               deadline: float | None = None) -> None:
+    """Write one frame: fixed-size lengths, a JSON header, then two raw byte blobs.
+
+    With a `deadline` (time.monotonic()), `fd` must be non-blocking; TimeoutError past it.
+    """
     head = json.dumps(header).encode()
     data = memoryview(_HEADER.pack(len(head), len(out), len(err)) + head + out + err)
     while data:
-        data = data[os.write(fd, data):]
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                raise TimeoutError(f"frame not taken within the deadline ({len(data)} bytes left)")
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            continue
 
 
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
@@ -136,6 +150,8 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
 # ---------------------------------------------------------------- inside the sandbox only
 
 _LIBC = None  # ctypes handle, loaded once by the zygote and inherited by every fork
@@ -248,8 +264,9 @@ def _exec_main(source: str) -> int:
     except SystemExit as exc:
         code = _system_exit_code(exc)
     except BaseException as exc:
-        # Skip our own frame so the traceback reads as the program's alone.
-        sys.excepthook(type(exc), exc, exc.__traceback__.tb_next)
+        # Drop our own frame so the traceback reads as the program's alone.
+        exc = exc.with_traceback(exc.__traceback__.tb_next)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         code = 1
     return _finalize(code)
 
@@ -296,7 +313,10 @@ def _run_job(job: dict, source: str, stdin: bytes) -> tuple[dict, bytes, bytes]:
     for fd in fds.values():
         os.close(fd)
     try:
-        setup_error = _read_all(setup_r)
+        # Blocks until the program's set-up ends: EOF on success, else one message of
+        # < PIPE_BUF bytes, which a single read gets whole.
+        setup_error = os.read(setup_r, 8192)
+        os.close(setup_r)
         if setup_error:
             _kill(pid)
             os.waitpid(pid, 0)
@@ -310,14 +330,6 @@ def _run_job(job: dict, source: str, stdin: bytes) -> tuple[dict, bytes, bytes]:
     header = classify(job, state, status, usage.ru_utime + usage.ru_stime)
     header["duration_ms"] = (time.monotonic() - started) * 1000
     return (header, *state["output"])
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, _READ_CHUNK):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
 
 
 def classify(job: dict, state: dict, status: int, cpu_s: float) -> dict:
@@ -339,6 +351,12 @@ def main() -> None:
     global _LIBC, _OWN_PID_NS
     import atexit, builtins, ctypes, resource, types  # noqa: F401,E401  once here, not per run
     _LIBC = ctypes.CDLL(None, use_errno=True)
+    # bubblewrap's pid namespace belongs to the host's user namespace, so we could not
+    # join it again (see _fork_in_new_pid_namespace). The zygote proper is therefore
+    # pid 1 of a namespace of our own; this first process only waits for it.
+    _libc_call("unshare", CLONE_NEWPID)
+    if (pid := os.fork()) != 0:
+        os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
     _OWN_PID_NS = os.open("/proc/self/ns/pid", os.O_RDONLY)
     chan_in, chan_out = os.dup(0), os.dup(1)
     null = os.open("/dev/null", os.O_RDWR)

@@ -78,7 +78,8 @@ class Verdict:
 def truncate_detail(text: str, limit: int = DETAIL_MAX_CHARS) -> str:
     if len(text) <= limit:
         return text
-    return text[: limit - 15] + f"... [{len(text) - limit + 15} chars cut]"
+    suffix = f"... [{len(text)} chars, cut]"
+    return text[: limit - len(suffix)] + suffix
 
 
 def failed(status: Status, detail: str, **components: float) -> Verdict:

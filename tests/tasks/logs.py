@@ -1,0 +1,56 @@
+"""Tiny failure-log fixtures for ingest tests: valid logs and one line per malformed kind."""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+
+def valid_log(i: int, seed: int = 0) -> dict:
+    rng = random.Random(seed * 1_000_003 + i)
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return {"id": f"req-{seed}-{i}", "ts": "2026-11-30T12:00:00Z", "model": "policy-v3", "domain": "math",
+            "messages": [{"role": "system", "content": "You are a calculator."},
+                         {"role": "user", "content": f"What is {a}+{b}? (ticket {seed}-{i})"}],
+            "response": str(a + b + 1), "failure": {"kind": "wrong_answer", "detail": "user marked incorrect"},
+            "reference": {"answer": str(a + b)}, "meta": {"tenant": "acme"}}
+
+
+def write_logs(path: Path, n: int, seed: int = 0, extra_lines: list[str] = ()) -> Path:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "wt") as handle:
+        for i in range(n):
+            handle.write(json.dumps(valid_log(i, seed)) + "\n")
+        for line in extra_lines:
+            handle.write(line + "\n")
+    return path
+
+
+def _with(**changes) -> str:
+    record = valid_log(0, seed=99)
+    for key, value in changes.items():
+        if value is _DROP:
+            record.pop(key)
+        else:
+            record[key] = value
+    return json.dumps(record)
+
+
+_DROP = object()
+
+# kind -> (line, a phrase the reason must contain)
+MALFORMED = {
+    "bad_json": ('{"id": "x", "ts": "2026-11-30T12:00:00Z", "messages": [', "not valid JSON"),
+    "not_object": ('[1, 2, 3]', "expected a JSON object"),
+    "missing_field": (_with(messages=_DROP), "missing required field `messages`"),
+    "wrong_type": (_with(messages="What is 2+2?"), "`messages` must be an array, got a string"),
+    "bad_role": (_with(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role 'robot'"),
+    "empty_content": (_with(messages=[{"role": "user", "content": "   "}]), "messages[0].content is empty"),
+    "too_large": (_with(messages=[{"role": "user", "content": "x" * 40_000}]), "over the limit"),
+    "line_too_large": (_with(response="y" * 70_000), "over the 65,536-byte limit"),
+    "unknown_domain": (_with(domain="chemistry"), "unknown domain 'chemistry'"),
+    "unknown_verifier": (_with(verifier="vibes"), "unknown verifier 'vibes'"),
+    "bad_reference": (_with(reference={"solution": "4"}), "needs `answer`"),
+    "bad_ts": (_with(ts="yesterday"), "not an ISO-8601 timestamp"),
+}

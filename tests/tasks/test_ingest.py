@@ -1,0 +1,186 @@
+"""Ingest: valid rows land, every bad line is kept with its reason, batches are atomic."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from storage.lake import open_lake
+from storage.objects import ObjectStore
+from tasks.ingest import IngestConfig, IngestError, discover_sources, ingest_file, ingest_source
+from tests.tasks.logs import MALFORMED, valid_log, write_logs
+
+CFG = IngestConfig(chunk_lines=1000)
+
+
+def _count(con, table: str) -> int:
+    return con.execute(f"SELECT count(*) FROM lake.{table}").fetchone()[0]
+
+
+def test_valid_rows_land_with_their_fields(lake_settings, tmp_path):
+    path = write_logs(tmp_path / "logs.jsonl", 50)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined, result.skipped) == (50, 0, False)
+    row = con.execute("SELECT request_id, domain, model, failure_kind, failure_detail, reference, messages, meta, "
+                      "ts, cycle_id, line_no FROM lake.failure_logs WHERE line_no = 1").fetchone()
+    first = valid_log(0)
+    assert row[:5] == ("req-0-0", "math", "policy-v3", "wrong_answer", "user marked incorrect")
+    assert json.loads(row[5]) == first["reference"] and json.loads(row[6]) == first["messages"]
+    assert json.loads(row[7]) == {"tenant": "acme"}
+    assert row[8].isoformat().startswith("2026-11-30T12:00:00") and row[9:] == ("c1", 1)
+    batch = con.execute("SELECT batch_id, rows_ok, rows_quarantined FROM lake.ingest_batches").fetchone()
+    assert batch == (result.batch_id, 50, 0)
+
+
+def test_every_malformed_kind_is_quarantined_verbatim_with_its_reason(lake_settings, tmp_path):
+    lines = [line for line, _ in MALFORMED.values()]
+    path = write_logs(tmp_path / "mixed.jsonl", 20, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (20, len(MALFORMED))
+    got = {row[0]: row[1:] for row in con.execute(
+        "SELECT line_no, kind, reason, raw FROM lake.quarantine ORDER BY line_no").fetchall()}
+    for offset, (kind, (line, phrase)) in enumerate(MALFORMED.items()):
+        got_kind, reason, raw = got[21 + offset]
+        assert got_kind == kind, (kind, reason)
+        assert phrase in reason, (kind, reason)
+        assert raw == line
+
+
+def test_bad_json_reason_names_the_column(lake_settings, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "ts": oops}\n')
+    con = open_lake(lake_settings)
+    ingest_file(con, path, str(path), CFG, "c1")
+    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == \
+        "not valid JSON: Expecting value at column 19"
+
+
+def test_the_same_file_twice_writes_nothing_the_second_time(lake_settings, tmp_path):
+    path = write_logs(tmp_path / "logs.jsonl", 30)
+    con = open_lake(lake_settings)
+    first = ingest_file(con, path, str(path), CFG, "c1")
+    snapshots = con.execute("SELECT count(*) FROM ducklake_snapshots('lake')").fetchone()[0]
+    again = ingest_file(con, path, str(path), CFG, "c2")
+    assert again.skipped and again.batch_id == first.batch_id and again.rows_ok == 0
+    assert _count(con, "failure_logs") == 30
+    assert con.execute("SELECT count(*) FROM ducklake_snapshots('lake')").fetchone()[0] == snapshots
+
+
+def test_repeated_logs_are_quarantined_not_duplicated(lake_settings, tmp_path):
+    one = write_logs(tmp_path / "one.jsonl", 10)
+    # a different file (new batch) that repeats 3 logs of the first and one of itself
+    repeat = json.dumps(valid_log(2))
+    two = write_logs(tmp_path / "two.jsonl", 5, seed=7, extra_lines=[repeat, json.dumps(valid_log(0, seed=7)),
+                                                                     json.dumps(valid_log(5)), "   "])
+    con = open_lake(lake_settings)
+    ingest_file(con, one, str(one), CFG, "c1")
+    result = ingest_file(con, two, str(two), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (5, 3)
+    reasons = [r[0] for r in con.execute("SELECT reason FROM lake.quarantine ORDER BY line_no").fetchall()]
+    assert reasons[0].startswith("identical to log") and "line 3" in reasons[0]
+    assert reasons[1] == "identical to line 1 of this file"
+    assert _count(con, "failure_logs") == 15
+
+
+def test_gzip_folders_blank_lines_and_bad_utf8(lake_settings, tmp_path):
+    folder = tmp_path / "landing"
+    (folder / "nested").mkdir(parents=True)
+    write_logs(folder / "a.jsonl.gz", 40, seed=1)
+    raw = (json.dumps(valid_log(0, seed=2)) + "\n\n\n").encode() + b'{"id": "\xff\xfe"}\n'
+    (folder / "nested" / "b.jsonl").write_bytes(raw)
+    (folder / "notes.txt").write_text("not a log file")
+    sources = discover_sources([str(folder)], lake_settings)
+    assert [Path(s).name for s in sources] == ["a.jsonl.gz", "b.jsonl"]
+    con = open_lake(lake_settings)
+    results = [ingest_source(con, lake_settings, s, CFG, "c1") for s in sources]
+    assert [(r.rows_ok, r.rows_quarantined) for r in results] == [(40, 0), (1, 1)]
+    line_no, raw_line, kind = con.execute("SELECT line_no, raw, kind FROM lake.quarantine").fetchone()
+    assert line_no == 4 and "\ufffd" in raw_line and kind == "bad_encoding"
+
+
+def test_paths_that_cannot_be_ingested_are_named(lake_settings, tmp_path):
+    with pytest.raises(IngestError, match="no such file"):
+        discover_sources([str(tmp_path / "missing.jsonl")], lake_settings)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(IngestError, match="no .jsonl"):
+        discover_sources([str(tmp_path / "empty")], lake_settings)
+
+
+def test_s3_landing_prefix_is_ingested_and_raw_files_stay(s3_lake_settings, tmp_path):
+    store = ObjectStore(s3_lake_settings)
+    store.ensure_bucket()
+    bucket = s3_lake_settings.s3_bucket
+    store.upload(write_logs(tmp_path / "x.jsonl", 25, seed=3), bucket, "landing/2026/x.jsonl")
+    store.upload(write_logs(tmp_path / "y.jsonl.gz", 15, seed=4,
+                            extra_lines=[MALFORMED["bad_role"][0]]), bucket, "landing/2026/y.jsonl.gz")
+    sources = discover_sources([f"s3://{bucket}/landing/"], s3_lake_settings)
+    assert sources == [f"s3://{bucket}/landing/2026/x.jsonl", f"s3://{bucket}/landing/2026/y.jsonl.gz"]
+    con = open_lake(s3_lake_settings)
+    results = [ingest_source(con, s3_lake_settings, s, CFG, "c1") for s in sources]
+    assert [(r.rows_ok, r.rows_quarantined) for r in results] == [(25, 0), (15, 1)]
+    assert con.execute("SELECT source_uri FROM lake.ingest_batches ORDER BY 1").fetchall()[0][0] == sources[0]
+    keys = {o.key for o in store.list(bucket, "landing/")}
+    assert keys == {"landing/2026/x.jsonl", "landing/2026/y.jsonl.gz"}
+
+
+_KILLABLE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from storage.lake import open_lake
+    from storage.settings import LakeSettings
+    from tasks.ingest import IngestConfig, ingest_file
+    settings = LakeSettings(home=sys.argv[1])
+    r = ingest_file(open_lake(settings), Path(sys.argv[2]), sys.argv[2], IngestConfig(chunk_lines=2000), "c")
+    print(r.rows_ok, r.rows_quarantined, r.skipped)
+""")
+
+
+def test_a_batch_killed_before_commit_leaves_no_rows_and_reruns_once(lake_settings, tmp_path):
+    path = write_logs(tmp_path / "big.jsonl", 40_000)
+    open_lake(lake_settings).close()
+    data = lake_settings.home / "data"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(lake_settings.home), str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(data.rglob("*.parquet")):  # data written, commit not yet done
+        assert proc.poll() is None, "ingest finished before it could be killed; make the file larger"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    con = open_lake(lake_settings)
+    assert [_count(con, t) for t in ("failure_logs", "quarantine", "ingest_batches")] == [0, 0, 0]
+    con.close()
+    rerun = subprocess.run([sys.executable, "-c", _KILLABLE, str(lake_settings.home), str(path)],
+                           capture_output=True, text=True, check=True)
+    assert rerun.stdout.split() == ["40000", "0", "False"]
+    con = open_lake(lake_settings)
+    assert _count(con, "failure_logs") == 40_000
+    assert con.execute("SELECT count(DISTINCT log_id) FROM lake.failure_logs").fetchone()[0] == 40_000
+
+
+@pytest.mark.slow
+def test_a_million_lines_ingest_in_bounded_memory(lake_settings, tmp_path):
+    """Peak RSS of the ingesting process stays under 1 GB for a 1,000,000-line file."""
+    path = tmp_path / "million.jsonl"
+    line = json.dumps(valid_log(0))
+    with open(path, "w") as handle:
+        for i in range(1_000_000):
+            handle.write(line.replace('"req-0-0"', f'"req-{i}"').replace("ticket 0-0", f"ticket {i}") + "\n")
+    script = _KILLABLE + "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    out = subprocess.run([sys.executable, "-c", script, str(lake_settings.home), str(path)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[:3] == ["1000000", "0", "False"]
+    peak_mb = int(out[3]) / 1024
+    print(f"peak RSS {peak_mb:.0f} MB for 1,000,000 lines")
+    assert peak_mb < 1024

@@ -1,0 +1,68 @@
+"""Normal forms, content hashes and bulk tokenisation (tasks/normalize.py)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tasks.normalize import content_hash, normalize_strong, normalize_text, strong_tokens, tokenize_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_normal_form_folds_case_whitespace_and_full_width():
+    assert normalize_text("  What IS\t１７×２３?\n") == "what is 17×23?"
+    assert normalize_text("ﬁle Straße") == "file strasse"
+    assert content_hash("What is 17*23?") == content_hash("what  is １７*２３?")
+    assert content_hash("What is 17*23?") != content_hash("What is 17*24?")
+    assert len(content_hash("x")) == 64 and int(content_hash("x"), 16) >= 0
+
+
+def test_strong_form_drops_punctuation_but_keeps_operators():
+    assert normalize_strong("Hello, world!!  (really?)") == "hello world really"
+    assert normalize_strong("What is 17*23?") == normalize_strong("what is 17 * 23")
+    assert normalize_strong("What is 17*23?") != normalize_strong("What is 17+23?")
+    assert strong_tokens("snake_case well-known “quoted” — dash") == [
+        "snake", "case", "well", "known", "quoted", "dash"]
+
+
+def test_tokenize_batch_agrees_with_strong_tokens():
+    texts = ["What is １７*23?  Please,\tanswer!", "Ünïcode — “quotes” café_bar x-1 ＡＢＣ", "",
+             "a\x00b", "ß straße ﬁle", "日本語のテキスト。次の文！", "x" * 3000 + " y"]
+    batch = tokenize_batch(texts)
+    assert batch.lengths.tolist() == [len(strong_tokens(t)) for t in texts]
+    for i, text in enumerate(texts):
+        # the same tokens written plainly hash identically, in a batch of their own
+        plain = tokenize_batch([" ".join(strong_tokens(text))])
+        assert np.array_equal(batch.hashes[batch.offsets[i]:batch.offsets[i + 1]], plain.hashes)
+    words = tokenize_batch(["alpha beta", "beta alpha"])
+    assert words.hashes[0] == words.hashes[3] and words.hashes[0] != words.hashes[1]
+
+
+def test_span_hashes_depend_only_on_the_words():
+    batch = tokenize_batch(["one two three four", "zero one two three", "one two"])
+    grams, doc = batch.span_hashes(3)
+    assert doc.tolist() == [0, 0, 1, 1]  # no span crosses a text boundary
+    assert grams[0] == grams[3]  # "one two three" in both texts
+    assert batch.whole_hashes()[2] == batch.span_hashes(2)[0][0]
+
+
+def _hashes_in_fresh_interpreter() -> dict:
+    code = ("import json; from tasks.normalize import content_hash, tokenize_batch;"
+            "b = tokenize_batch(['What is 17*23?', 'Straße ﬁle ４２']);"
+            "print(json.dumps({'id': content_hash('What is 17*23?'),"
+            " 'tokens': [int(h) for h in b.hashes], 'spans': [int(h) for h in b.span_hashes(2)[0]]}))")
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def test_ids_and_hashes_are_stable_across_processes():
+    first, second = _hashes_in_fresh_interpreter(), _hashes_in_fresh_interpreter()
+    assert first == second
+    here = tokenize_batch(["What is 17*23?", "Straße ﬁle ４２"])
+    assert first["tokens"] == [int(h) for h in here.hashes]
+    assert first["id"] == content_hash("what is 17*23?")

@@ -1,0 +1,45 @@
+import time
+
+from verifiers import json_schema
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "email": {"type": "string", "format": "email"},
+                   "age": {"type": "integer", "minimum": 0}},
+    "required": ["name", "email"],
+    "additionalProperties": False,
+}
+SPEC = {"schema": SCHEMA, "answer": {"name": "Ada", "email": "ada@example.com", "age": 36}}
+
+
+def test_gold_scores_one_and_wrong_scores_zero():
+    gold = json_schema.verify(SPEC, json_schema.gold_completion(SPEC))
+    assert (gold.reward, gold.passed, gold.components) == (1.0, True, {"parsed": 1.0, "valid": 1.0})
+    wrong = json_schema.verify(SPEC, '{"name": "Ada", "email": "ada@example.com", "age": -1}')
+    assert (wrong.reward, wrong.status, wrong.components) == (0.0, "wrong", {"parsed": 1.0, "valid": 0.0})
+    assert "age" in wrong.detail
+
+
+def test_format_is_checked():
+    bad_email = json_schema.verify(SPEC, '{"name": "Ada", "email": "not an address"}')
+    assert bad_email.status == "wrong" and "email" in bad_email.detail
+
+
+def test_takes_last_outermost_object_with_braces_in_strings():
+    text = ('Draft: {"name": "x"}\nFinal:\n```json\n{"name": "a } { b", "email": "a@b.co", '
+            '"age": 3}\n```\nDone {not json')
+    assert json_schema.find_last_object(text) == {"name": "a } { b", "email": "a@b.co", "age": 3}
+    assert json_schema.find_last_object('{"a": {"b": {"c": 1}}}') == {"a": {"b": {"c": 1}}}
+    assert json_schema.verify(SPEC, text).passed
+
+
+def test_no_object_is_a_format_error_and_huge_inputs_are_bounded():
+    assert json_schema.verify(SPEC, "no json here [1, 2]").status == "format_error"
+    started = time.perf_counter()
+    verdict = json_schema.verify(SPEC, "{" * 1_000_000)
+    assert verdict.status == "format_error" and time.perf_counter() - started < 2.0
+
+
+def test_invalid_schema_is_reported_as_invalid_spec():
+    verdict = json_schema.verify({"schema": {"type": "nonsense"}}, "{}")
+    assert verdict.status == "format_error" and verdict.detail.startswith("invalid spec")

@@ -1,0 +1,117 @@
+"""Supervised warm start on (prompt, reference solution) pairs.
+
+GRPO learns only from groups whose samples disagree; a randomly initialised policy is
+never right, so every group would be dropped. A short SFT on reference solutions makes
+the policy right sometimes. The loss covers the answer tokens (and the closing eos)
+only: the prompt is given, not something to imitate. A plain single-process torch loop
+on purpose: the warm start is small and runs before any rollout; the distributed
+machinery belongs to GRPO.
+
+Data file: JSON lines, each `{"prompt": "<user message>", "completion": "<answer>"}`
+or `{"messages": [chat turns...], "completion": "<answer>"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.model import copy_tokenizer_files
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    steps: int = 250
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("SFTConfig.steps and batch_size must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"SFTConfig.lr must be > 0, got {self.lr}")
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """Load and check the pairs; each gets `messages` (the prompt as chat turns)."""
+    pairs = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row.get("completion"), str) or not ("prompt" in row or "messages" in row):
+            raise ValueError(f"{path} line {i + 1}: need 'completion' (text) and 'prompt' or 'messages'")
+        messages = row.get("messages") or [{"role": "user", "content": row["prompt"]}]
+        pairs.append({"messages": messages, "completion": row["completion"]})
+    if not pairs:
+        raise ValueError(f"{path} holds no training pairs")
+    return pairs
+
+
+def encode_pairs(tokenizer, pairs: list[dict]) -> list[tuple[list[int], int]]:
+    """(prompt + answer + eos ids, number of prompt ids) for each pair."""
+    encoded = []
+    for pair in pairs:
+        prompt = tokenizer.apply_chat_template(pair["messages"], add_generation_prompt=True, tokenize=False)
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        a_ids = tokenizer(pair["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        encoded.append((p_ids + a_ids, len(p_ids)))
+    return encoded
+
+
+def collate(examples: list[tuple[list[int], int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded inputs; labels are -100 (ignored) on the prompt and the padding."""
+    length = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(examples), length), -100, dtype=torch.long)
+    attention = torch.zeros((len(examples), length), dtype=torch.long)
+    for i, (ids, n_prompt) in enumerate(examples):
+        input_ids[i, :len(ids)] = torch.tensor(ids)
+        labels[i, n_prompt:len(ids)] = torch.tensor(ids[n_prompt:])
+        attention[i, :len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
+
+
+def answer_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over answer tokens (labels shifted: logits at t predict t+1)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(), batch["labels"][:, 1:].reshape(-1),
+        ignore_index=-100)
+
+
+def run_sft(model_dir: str | Path, data: str | Path, out_dir: str | Path, cfg: SFTConfig = SFTConfig()) -> dict:
+    """Train, save the model (with the base tokenizer) to out_dir, return loss figures."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).train()
+    examples = encode_pairs(tokenizer, read_pairs(data))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order: list[int] = []
+    losses = []
+    t0 = time.perf_counter()
+    for _ in range(cfg.steps):
+        if len(order) < cfg.batch_size:  # a fresh permutation per epoch, appended
+            order += torch.randperm(len(examples), generator=gen).tolist()
+        idx, order = order[:cfg.batch_size], order[cfg.batch_size:]
+        loss = answer_loss(model, collate([examples[i] for i in idx], tokenizer.pad_token_id))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    seconds = time.perf_counter() - t0
+    out_dir = Path(out_dir)
+    model.save_pretrained(str(out_dir))
+    copy_tokenizer_files(Path(model_dir), out_dir)
+    return {"steps": cfg.steps, "first_loss": losses[0], "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+            "seconds": seconds, "examples": len(examples)}
