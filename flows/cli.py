@@ -7,6 +7,8 @@ import typer
 
 from flows import demo_data_cmd, ingest_cmd, sql_cmd, verify_cmd
 from flows import curate_cmd, evalset_cmd
+from flows import serve_cmd, webhook
+from flows import model_cmd
 
 app = typer.Typer(
     name="flywheel",
@@ -21,6 +23,9 @@ app.command("demo-data")(demo_data_cmd.demo_data_command)
 app.command("verify")(verify_cmd.verify_command)
 app.add_typer(evalset_cmd.evalset_app, name="evalset")
 app.command("curate")(curate_cmd.curate_command)
+app.command("serve")(serve_cmd.serve_command)
+app.command("webhook")(webhook.webhook_command)
+app.add_typer(model_cmd.model_app, name="model")
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m flows.cli`

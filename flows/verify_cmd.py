@@ -5,10 +5,16 @@ instead of "verifier"; an optional "id" or "rollout_id" is echoed). Each output 
 that row's verdict (reward, passed, status, components, detail, verifier, latency_ms),
 in input order. A line that is not a JSON object becomes a format_error verdict line
 saying why: one bad line never stops the file. Blank lines are skipped.
+
+Serial by default. `--dask` fans out on DASK_SCHEDULER_ADDRESS, else on a LocalCluster
+started for the call; its worker processes re-import this CLI (multiprocessing spawn),
+which costs several seconds here, so for repeated use point DASK_SCHEDULER_ADDRESS at a
+running scheduler.
 """
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import Counter
 from pathlib import Path
@@ -57,6 +63,9 @@ def verify_command(
     workers: int = typer.Option(2, "--workers", min=1, help="LocalCluster worker processes (no external scheduler)"),
 ) -> None:
     """Verify completions from a JSONL file; one verdict line per input line, in order."""
+    if dask:
+        # This terminal is for verdicts and the progress bar, not the scheduler's diary.
+        logging.getLogger("distributed").setLevel(logging.WARNING)
     lines = input_path.read_text(encoding="utf-8").splitlines()
     results = verify_lines(lines, VerifierConfig(), dask=dask, batch_size=batch_size, workers=workers,
                            progress=dask and out is not None)

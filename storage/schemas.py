@@ -68,6 +68,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("domain", pa.string()), ("sample_idx", pa.int32()), ("reward", pa.float64()),
         ("passed", pa.bool_()), ("status", pa.string()), ("completion_tokens", pa.int32()),
         ("finish_reason", pa.string())),
+    # one row per completed stage of a cycle; a rerun of the cycle skips these stages
+    "cycle_stages": _schema(
+        ("stage", pa.string()), ("round", pa.int32()), ("seconds", pa.float64()),
+        ("counts", _JSON), ("finished_at", _TS)),
     "cycles": _schema(
         ("started_at", _TS), ("finished_at", _TS), ("status", pa.string()),
         ("snapshot_id", pa.int64()), ("stage_seconds", _JSON), ("stage_counts", _JSON),

@@ -34,6 +34,9 @@ from tasks.normalize import TokenBatch, strong_tokens, tokenize_batch
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:。])\s+|\n+")
 _BITMAP_BITS = 24
+# Units longer than this are found through their first _ANCHOR words, so a prompt is
+# probed once for all of them instead of once per unit length.
+_ANCHOR = 4
 _U64 = np.uint64
 
 
@@ -91,9 +94,11 @@ class EvalIndex:
     unit_sentence: np.ndarray
     unit_start: np.ndarray
     unit_length: np.ndarray
-    unit_lengths: tuple[int, ...]  # distinct unit lengths, each one probe pass
+    unit_lengths: tuple[int, ...]  # distinct probe lengths: short units', and the anchor's
+    anchors: np.ndarray  # sorted hashes of the first _ANCHOR words of every longer unit
+    anchor_unit: np.ndarray  # the unit each anchor opens
     item_weight: np.ndarray  # words covered by an item's indexed units
-    bitmap: np.ndarray  # bit (h >> 40) set for every unit hash
+    bitmap: np.ndarray  # bit (h >> 40) set for every unit hash and anchor
     sketches: minhash.Sketches
     shingle_bitmap: np.ndarray  # bit (s >> 8) set for every item shingle
 
@@ -145,13 +150,20 @@ def build_eval_index(items: list[EvalItem], cfg: DecontamConfig) -> EvalIndex:
     whole = tokenize_batch(prompts).whole_hashes()
     whole_order = np.argsort(whole, kind="stable")
     sketches = minhash.sketch_texts(prompts, cfg.minhash)
+    long_units = np.flatnonzero(unit_length[order] > _ANCHOR)
+    tokens = tokenize_batch(flat)
+    anchors = tokens.run_hashes(tokens.offsets[unit_sentence[order][long_units]] + unit_start[order][long_units],
+                                np.full(long_units.size, _ANCHOR))
+    anchor_order = np.argsort(anchors, kind="stable")
+    lengths = set(unit_length[order][unit_length[order] <= _ANCHOR].tolist()) | ({_ANCHOR} if long_units.size else set())
     return EvalIndex(
         items=tuple(items), sentences=tuple(tuple(strong_tokens(s)) for s in flat),
         whole=whole[whole_order], whole_item=whole_order,
         units=unit_hash[order], unit_item=unit_item[order], unit_sentence=unit_sentence[order],
         unit_start=unit_start[order], unit_length=unit_length[order],
-        unit_lengths=tuple(sorted(set(unit_length[order].tolist()))),
-        item_weight=item_weight, bitmap=_bitmap(unit_hash[order], _BITMAP_BITS, 64 - _BITMAP_BITS),
+        unit_lengths=tuple(sorted(lengths)), anchors=anchors[anchor_order],
+        anchor_unit=long_units[anchor_order], item_weight=item_weight,
+        bitmap=_bitmap(np.concatenate([unit_hash[order], anchors]), _BITMAP_BITS, 64 - _BITMAP_BITS),
         sketches=sketches,
         shingle_bitmap=_bitmap(sketches.shingles.hashes, _BITMAP_BITS, 32 - _BITMAP_BITS))
 
@@ -178,11 +190,15 @@ def _overlap_matches(tokens: TokenBatch, index: EvalIndex, cfg: DecontamConfig,
     """Records whose matched units cover >= min_coverage of some item."""
     hit_record, hit_unit = [], []
     for m in index.unit_lengths:
-        grams, record = tokens.span_hashes(m)
+        grams, record, starts = tokens.spans(m)
         maybe = np.flatnonzero(_in_bitmap(index.bitmap, grams, 64 - _BITMAP_BITS))
         found, unit = _lookup(index.units, grams[maybe])
         hit_record.append(record[maybe[found]])
         hit_unit.append(unit)
+        if m == _ANCHOR and index.anchors.size:
+            record, unit = _anchored_hits(tokens, index, grams[maybe], record[maybe], starts[maybe])
+            hit_record.append(record)
+            hit_unit.append(unit)
     if not hit_record or sum(h.size for h in hit_record) == 0:
         return []
     pairs = np.unique(np.stack([np.concatenate(hit_record), np.concatenate(hit_unit)], 1), axis=0)
@@ -205,6 +221,21 @@ def _overlap_matches(tokens: TokenBatch, index: EvalIndex, cfg: DecontamConfig,
             "coverage": round(c, 4), "units_matched": int(units.size),
             "ngram": _unit_text(index, longest)}))
     return out
+
+
+def _anchored_hits(tokens: TokenBatch, index: EvalIndex, grams: np.ndarray, record: np.ndarray,
+                   starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Long units whose anchor occurs at `starts`, confirmed by hashing the whole unit there."""
+    lo = np.searchsorted(index.anchors, grams, side="left")
+    counts = np.searchsorted(index.anchors, grams, side="right") - lo
+    at = np.repeat(np.arange(grams.size), counts)
+    slot = np.repeat(lo, counts) + (np.arange(at.size) - np.repeat(np.cumsum(counts) - counts, counts))
+    unit = index.anchor_unit[slot]
+    length = index.unit_length[unit]
+    fits = starts[at] + length <= tokens.offsets[record[at] + 1]
+    at, unit, length = at[fits], unit[fits], length[fits]
+    same = tokens.run_hashes(starts[at], length) == index.units[unit]
+    return record[at[same]], unit[same]
 
 
 def _unit_text(index: EvalIndex, unit: int) -> str:

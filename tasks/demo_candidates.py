@@ -11,12 +11,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import threading
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
 from tasks.demo_domains import sample_domain, sample_task
 from tasks.demo_similarity import words
+
+from tasks.demo_guard import EvalIndex, Fingerprints, fingerprint
 
 if TYPE_CHECKING:
     from tasks.demo_guard import Guard
@@ -25,15 +28,23 @@ BATCH = 1024
 PARALLEL_FROM_LOGS = 20_000  # below this, starting worker interpreters costs more than it saves
 
 
-def sample_batch(seed: int, index: int, size: int = BATCH) -> list[tuple[dict, list[str]]]:
-    """Batch `index` of candidate tasks for `seed`, each with its prompt's words."""
+def sample_batch(seed: int, index: int, eval_index: EvalIndex, size: int = BATCH) -> tuple[list[dict], Fingerprints]:
+    """Batch `index` of candidate tasks for `seed`, with their fingerprints."""
     rng = random.Random(f"flywheel-demo:{seed}:tasks:{index}")
     tasks = [sample_task(sample_domain(rng), rng) for _ in range(size)]
-    return [(task, words(task["prompt"])) for task in tasks]
+    return tasks, fingerprint([words(task["prompt"]) for task in tasks], eval_index)
 
 
 def worker_count(logs: int, requested: int) -> int:
-    """Processes drawing batches: `requested` if set, else all cores but one for large runs."""
+    """Processes drawing batches: `requested` if set, else all cores but one for large runs.
+
+    Workers are forked, which needs a POSIX system and a parent without other Python
+    threads (a forked child could inherit a lock another thread held); otherwise the
+    run stays in-process. Forking rather than spawning means no re-import of the
+    caller's `__main__`, so scripts without a main guard still work.
+    """
+    if os.name != "posix" or threading.active_count() > 1:
+        return 0
     if requested:
         return requested
     return 0 if logs < PARALLEL_FROM_LOGS else max(1, min(4, (os.cpu_count() or 1) - 1))
@@ -44,7 +55,7 @@ class Candidates:
 
     def __init__(self, seed: int, guard: Guard, workers: int = 0) -> None:
         self.seed, self.guard, self.index, self.buffer = seed, guard, 0, []
-        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers else None
+        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) if workers else None
         self.ahead: deque[Future] = deque()
         self.depth = 2 * workers
 
@@ -55,24 +66,23 @@ class Candidates:
         if self.pool:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
-    def _next_batch(self) -> list[tuple[dict, list[str]]]:
+    def _next_batch(self) -> tuple[list[dict], Fingerprints]:
         if not self.pool:
             self.index += 1
-            return sample_batch(self.seed, self.index - 1)
+            return sample_batch(self.seed, self.index - 1, self.guard.index)
         while len(self.ahead) < self.depth:
-            self.ahead.append(self.pool.submit(sample_batch, self.seed, self.index))
+            self.ahead.append(self.pool.submit(sample_batch, self.seed, self.index, self.guard.index))
             self.index += 1
         return self.ahead.popleft().result()
 
     def next(self) -> dict:
         for _ in range(100):
             if not self.buffer:
-                batch = self._next_batch()
-                screened = self.guard.screen([tokens for _, tokens in batch])
-                self.buffer = [(task, tokens, *s) for (task, tokens), s in zip(batch, screened)][::-1]
+                tasks, prints = self._next_batch()
+                self.buffer = list(zip(tasks, prints.words, self.guard.screen(prints)))[::-1]
             while self.buffer:
-                task, tokens, bands, ruled_out = self.buffer.pop()
-                if self.guard.admit(task["key"], tokens, bands, ruled_out):
-                    task["words"] = len(tokens)
+                task, n_words, (token_digest, bands, ruled_out) = self.buffer.pop()
+                if self.guard.admit(task["key"], token_digest, bands, ruled_out):
+                    task["words"] = n_words
                     return task
         raise RuntimeError("demo generators ran out of new tasks; lower `logs` or add templates")

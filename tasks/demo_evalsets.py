@@ -22,16 +22,19 @@ def eval_size(per_domain: int) -> int:
 def build_evalsets(rng: random.Random, size: int, guard: Guard, chat_share: float = 0.05,
                    preamble_share: float = 0.35) -> list[dict]:
     """`size` distinct items per domain; each keeps its task (for leaks) and its preamble."""
-    items = []
+    items, keys, seen, guarded = [], set(), set(), []
     for domain in DEFAULT_VERIFIERS:
         count = 0
         while count < size:
             task = sample_task(domain, rng)
             preamble = rng.choice(PREAMBLES) if rng.random() < preamble_share else None
             text = f"{preamble} {task['prompt']}" if preamble else task["prompt"]
-            if task["key"] in guard.eval_keys or digest(words(text)) in guard.seen:
+            forms = [words(task["prompt"]), words(text)]
+            if task["key"] in keys or any(digest(f) in seen for f in forms):
                 continue
-            guard.add_eval([(task["key"], words(task["prompt"])), (task["key"], words(text))])
+            keys.add(task["key"])
+            seen.update(digest(f) for f in forms)
+            guarded += [(task["key"], f) for f in forms]
             count += 1
             item = {"id": f"{domain}-{count:04d}", "domain": domain, "prompt": text,
                     "reference": task["reference"]}
@@ -41,4 +44,5 @@ def build_evalsets(rng: random.Random, size: int, guard: Guard, chat_share: floa
             if rng.random() < 0.2:
                 item["verifier"] = DEFAULT_VERIFIERS[domain]
             items.append({"item": item, "task": task, "preamble": preamble, "text": text})
+    guard.add_eval(guarded)
     return items

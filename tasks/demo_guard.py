@@ -13,12 +13,15 @@ costs a redraw. Prompts under 10 words skip it: below that a 0.8 Jaccard needs t
 words, which the exact check rejects. Band keys go into a Bloom filter sized for the run
 (a false positive is one more redraw), so memory stays flat at a million logs.
 
-Words are hashed once (crc32, stable across processes); n-gram hashes, signatures and
-eval overlaps are computed for a batch of candidates at once with numpy.
+Everything that depends only on a candidate (its digest, n-gram hashes, LSH band keys,
+overlap with the fixed evaluation items) is a pure function, `fingerprint`, computed for
+a batch at once with numpy, so worker processes can do it; only the lookups against
+earlier admissions happen in `Guard`. Words are hashed with crc32, stable across processes.
 """
 import hashlib
 import itertools
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,16 +93,72 @@ def _band_keys(shingle_hashes: np.ndarray, doc_of: np.ndarray, docs: int) -> np.
     return keys
 
 
+@dataclass(frozen=True)
+class EvalIndex:
+    """What clean prompts must not contain: evaluation items' word n-grams (hashes tagged with n)."""
+
+    hashes: np.ndarray  # sorted: every 13-gram of long items, the whole of items under 13 words
+    short_starts: np.ndarray  # sorted: first-bigram hashes of items under 13 words
+    lengths: frozenset  # n-gram lengths to look for
+
+
+@dataclass(frozen=True)
+class Fingerprints:
+    """Per candidate of a batch: digest of its words, LSH band keys, whether it repeats an eval item."""
+
+    digests: list[bytes]
+    bands: list[list[int]]  # empty for prompts under LSH_MIN_WORDS words
+    touches_eval: list[bool]
+    words: list[int]
+
+
+def build_eval_index(token_lists: list[list[str]]) -> EvalIndex:
+    short = {len(t) for t in token_lists if 2 <= len(t) < NGRAM}
+    tables, _ = _ngram_tables(token_lists, short | {2, NGRAM})
+    hashes, fits = tables[NGRAM]
+    found, starts, start = [_tag(hashes[fits], NGRAM)], [], 0
+    for tokens in token_lists:  # an item too short for a 13-gram is looked for whole
+        if 2 <= len(tokens) < NGRAM:
+            found.append(_tag(tables[len(tokens)][0][start:start + 1], len(tokens)))
+            starts.append(_tag(tables[2][0][start:start + 1], 2))
+        start += len(tokens)
+    empty = np.zeros(0, dtype=np.uint64)
+    return EvalIndex(np.unique(np.concatenate(found)), np.unique(np.concatenate(starts or [empty])),
+                     frozenset(short | {NGRAM}))
+
+
+def fingerprint(token_lists: list[list[str]], index: EvalIndex | None) -> Fingerprints:
+    tables, doc_of = _ngram_tables(token_lists, set(index.lengths if index else ()) | {2, 3, NGRAM})
+    long_doc = np.fromiter((len(t) >= LSH_MIN_WORDS for t in token_lists), dtype=bool, count=len(token_lists))
+    hashes, fits = tables[3]
+    use = fits & long_doc[doc_of]
+    keys = _band_keys(hashes[use], doc_of[use], len(token_lists))
+    bands = [row if keep else [] for row, keep in zip(keys.tolist(), long_doc.tolist())]
+    touches = _touches(index, tables, doc_of, len(token_lists)) if index else np.zeros(len(token_lists), dtype=bool)
+    return Fingerprints([digest(t) for t in token_lists], bands, touches.tolist(), [len(t) for t in token_lists])
+
+
+def _touches(index: EvalIndex, tables: dict, doc_of: np.ndarray, docs: int) -> np.ndarray:
+    touches = np.zeros(docs, dtype=bool)
+    hashes, fits = tables[NGRAM]
+    touches[doc_of[fits][_contains(index.hashes, _tag(hashes[fits], NGRAM))]] = True
+    # Short items: only where an item's first two words occur, try each item length.
+    bigrams, fits = tables[2]
+    where = np.flatnonzero(fits)
+    where = where[_contains(index.short_starts, _tag(bigrams[where], 2))]
+    for n in index.lengths - {NGRAM}:
+        hashes, fits = tables[n]
+        at = where[fits[where]]
+        touches[doc_of[at][_contains(index.hashes, _tag(hashes[at], n))]] = True
+    return touches
+
+
 class Guard:
     """Remembers what must not be generated again: eval items' keys and words, and every clean prompt."""
 
     def __init__(self, capacity: int) -> None:
         self.eval_keys: set = set()
-        self.eval_lengths: set[int] = {NGRAM}
-        self._eval_sorted = np.zeros(0, dtype=np.uint64)  # n-gram hashes of eval items, tagged with n
-        self._pending: list[np.ndarray] = []
-        self._short_starts = np.zeros(0, dtype=np.uint64)  # first-bigram hashes of items under 13 words
-        self._pending_starts: list[np.ndarray] = []
+        self.index: EvalIndex | None = None
         self.seen: set[bytes] = set()
         self.problems: set[tuple] = set()
         # ~64 bits per band key keeps the filter under 3% full: <0.1% false positives per lookup
@@ -108,65 +167,29 @@ class Guard:
         self._batch: set[int] = set()
 
     def add_eval(self, items: list[tuple[tuple, list[str]]]) -> None:
-        """Register evaluation items as (key, words) pairs."""
+        """Register all evaluation items at once, as (key, words) pairs."""
         token_lists = [tokens for _, tokens in items]
-        short = {len(t) for t in token_lists if len(t) < NGRAM}
-        tables, doc_of = _ngram_tables(token_lists, short | {2, 3, NGRAM})
-        hashes, fits = tables[NGRAM]
-        found = [_tag(hashes[fits], NGRAM)]
-        start = 0
-        for tokens in token_lists:  # an item too short for a 13-gram is looked for whole
-            if 2 <= len(tokens) < NGRAM:
-                found.append(_tag(tables[len(tokens)][0][start:start + 1], len(tokens)))
-                self._pending_starts.append(_tag(tables[2][0][start:start + 1], 2))
-            start += len(tokens)
-        self._pending.extend(found)
-        self.eval_lengths |= short - {1}
-        long_doc = np.array([len(t) >= LSH_MIN_WORDS for t in token_lists])
-        self._remember(self._bands(tables, doc_of, token_lists, long_doc)[long_doc])
-        for key, tokens in items:
-            self.eval_keys.add(key)
-            self.seen.add(digest(tokens))
+        self.index = build_eval_index(token_lists)
+        prints = fingerprint(token_lists, None)
+        self._remember(np.array([b for b in prints.bands if b], dtype=np.uint64).reshape(-1, BANDS))
+        self.eval_keys.update(key for key, _ in items)
+        self.seen.update(prints.digests)
 
-    def _touches_eval(self, tables: dict, doc_of: np.ndarray, docs: int) -> np.ndarray:
-        if self._pending:  # merged once, after the evaluation items stop arriving
-            self._eval_sorted = np.unique(np.concatenate([self._eval_sorted, *self._pending]))
-            self._short_starts = np.unique(np.concatenate([self._short_starts, *self._pending_starts]))
-            self._pending.clear()
-            self._pending_starts.clear()
-        touches = np.zeros(docs, dtype=bool)
-        hashes, fits = tables[NGRAM]
-        touches[doc_of[fits][_contains(self._eval_sorted, _tag(hashes[fits], NGRAM))]] = True
-        # Short items: only where the item's first two words occur, try each item length.
-        bigrams, fits = tables[2]
-        where = np.flatnonzero(fits)
-        where = where[_contains(self._short_starts, _tag(bigrams[where], 2))]
-        for n in self.eval_lengths - {NGRAM}:
-            hashes, fits = tables[n]
-            at = where[fits[where]]
-            touches[doc_of[at][_contains(self._eval_sorted, _tag(hashes[at], n))]] = True
-        return touches
-
-    def screen(self, token_lists: list[list[str]]) -> list[tuple[list[int], bool]]:
-        """For each candidate: its band keys, and whether it is already ruled out.
-
-        Ruled out: it repeats words of an evaluation item, or an LSH band collides with a
-        prompt admitted before this batch. Collisions inside the batch are left to `admit`.
-        """
+    def screen(self, prints: Fingerprints) -> list[tuple[bytes, list[int], bool]]:
+        """(digest, band keys, ruled out) per candidate; ruled out: repeats an eval item's words,
+        or a band collides with a prompt admitted before this batch (within it, `admit` checks)."""
         self._flush()
-        tables, doc_of = _ngram_tables(token_lists, self.eval_lengths | {2, 3})
-        out = self._touches_eval(tables, doc_of, len(token_lists))
-        long_doc = np.fromiter((len(t) >= LSH_MIN_WORDS for t in token_lists), dtype=bool, count=len(token_lists))
-        keys = self._bands(tables, doc_of, token_lists, long_doc)
-        out |= long_doc & self._in_bloom(keys).any(axis=1)
-        bands = [row if use else [] for row, use in zip(keys.tolist(), long_doc.tolist())]
-        return list(zip(bands, out.tolist()))
+        long_rows = [i for i, b in enumerate(prints.bands) if b]
+        collide = set()
+        if long_rows:
+            keys = np.array([prints.bands[i] for i in long_rows], dtype=np.uint64)
+            collide = {long_rows[i] for i in np.flatnonzero(self._in_bloom(keys).any(axis=1)).tolist()}
+        return [(d, b, t or i in collide) for i, (d, b, t) in enumerate(zip(prints.digests, prints.bands, prints.touches_eval))]
 
-    def admit(self, key: tuple, tokens: list[str], bands: list[int], ruled_out: bool) -> bool:
+    def admit(self, key: tuple, token_digest: bytes, bands: list[int], ruled_out: bool) -> bool:
         """True (and remembered) if a clean log with this task would be new and uncontaminated."""
         if ruled_out or key in self.eval_keys or key in self.problems:
             return False
-        token_digest = digest(tokens)
         if token_digest in self.seen or not self._batch.isdisjoint(bands):
             return False
         self.seen.add(token_digest)
@@ -174,11 +197,6 @@ class Guard:
         if key[0] == "word":  # a word problem's key is its numbers: same numbers, same problem
             self.problems.add(key)
         return True
-
-    def _bands(self, tables, doc_of, token_lists, long_doc) -> np.ndarray:
-        hashes, fits = tables[3]
-        use = fits & long_doc[doc_of]
-        return _band_keys(hashes[use], doc_of[use], len(token_lists))
 
     def _positions(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mask = np.uint64(self.bloom_bits - 1)

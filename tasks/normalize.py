@@ -116,17 +116,26 @@ class TokenBatch:
         The hash of a run depends only on its tokens and m, so the same words hash the
         same in any text and any process (a polynomial over token hashes, mixed).
         """
+        hashes, doc, _ = self.spans(m)
+        return hashes, doc
+
+    def spans(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """span_hashes plus each run's first token (an index into `hashes`)."""
         n_tokens = self.hashes.size
         if m <= 0 or n_tokens < m:
-            return np.empty(0, _U64), np.empty(0, np.int64)
+            return np.empty(0, _U64), np.empty(0, np.int64), np.empty(0, np.int64)
         doc_of_token = self._doc_of_token
         starts = np.arange(n_tokens - m + 1)
         starts = starts[starts + m <= self.offsets[1:][doc_of_token[starts]]]
-        return self._runs(starts, np.full(starts.size, m)), doc_of_token[starts]
+        return self.run_hashes(starts, np.full(starts.size, m)), doc_of_token[starts], starts
 
     def whole_hashes(self) -> np.ndarray:
         """One hash per text over all its tokens; equal to span_hashes(len) of that text."""
-        return self._runs(self.offsets[:-1], self.lengths)
+        return self.run_hashes(self.offsets[:-1], self.lengths)
+
+    def run_hashes(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Hash of tokens[starts[i] : starts[i] + lengths[i]]; each run must lie inside one text."""
+        return self._runs(starts, lengths)
 
     def _runs(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         prefix, down, relative = self._prefix
@@ -199,9 +208,8 @@ def tokenize_batch(texts: list[str]) -> TokenBatch:
     ends = np.flatnonzero((word & (nxt != 1)) | (cls == 2)) + 1
     separators = np.flatnonzero(data == 0)
     # positions count from each text's start (the byte after its separator)
-    text_start = np.zeros(data.size, dtype=np.int64)
-    text_start[separators[separators + 1 < data.size] + 1] = separators[separators + 1 < data.size] + 1
-    relative = np.arange(data.size) - np.maximum.accumulate(text_start)
+    bounds = np.concatenate([[0], separators + 1])
+    relative = np.arange(data.size) - np.repeat(bounds, np.diff(np.append(bounds, data.size)))
     prefix, down = _positional_prefix(data, relative, _BYTE_BASE)
     with np.errstate(over="ignore"):
         poly = (prefix[ends] - prefix[starts]) * down[relative[starts]]

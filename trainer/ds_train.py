@@ -88,6 +88,7 @@ def resume(engine, job: TrainJob, job_dir: Path, rank: int) -> int:
     _, client_state = engine.load_checkpoint(str(ckpt), tag=tag)
     step = int(client_state["step"])
     if rank == 0:
+        print(f"flywheel: resuming from checkpoint {tag} (step {step})", flush=True)
         truncate_metrics(metrics_path(job_dir), step)
     return step
 

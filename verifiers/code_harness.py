@@ -8,27 +8,33 @@ any model code runs, so the tests and the nonce are never on disk nor readable l
 Why a nonce: exit status alone proves nothing (`os._exit(0)` in the program "passes"
 every test). The harness reports with one line `@@flywheel-result <nonce> <outcome>
 <detail>`, written by the audit hook after `check` returned, and the host believes no
-other line. The nonce lives only in the hook's closure. The hook (`sys.addaudithook`,
-which cannot be removed) is what keeps model code from reaching it:
-  * it refuses frame introspection (sys._getframe except from a few stdlib callers that
-    only read the caller's module name, tb_frame, gi_frame/cr_frame/ag_frame, f_code,
-    sys._current_frames, settrace/setprofile), gc.get_objects/get_referrers/get_referents,
-    new audit hooks, ctypes, code-object surgery (code.__new__, setting __code__,
-    compile() with a real file name, marshal), processes and signals (os.system, exec,
-    spawn, fork, kill, subprocess, _posixsubprocess), sockets, links, and open() outside
-    the work dir (reads of the interpreter's stdlib are allowed, for imports);
-  * every refusal is also recorded; a run with any record never reports "pass";
-  * harness events ("flywheel.*") are believed only from the harness's own main frame,
-    so model code cannot announce a result; after the one result line the nonce is
-    forgotten.
-The hook never calls anything model code could have replaced (it captured the C
-functions it needs and compares only by identity), so no model code ever runs while a
-hook frame, with the nonce in its closure, is on the stack.
+other line. The nonce lives only in the hook's closure, and model code runs in the same
+interpreter, so everything rests on model code never reaching a frame or a closure of
+the harness. The hook (`sys.addaudithook`, which cannot be removed) sees to that:
+  * frames: sys._getframe, sys._current_frames, settrace/setprofile and the frame
+    attributes (tb_frame, gi_frame, cr_frame, ag_frame, f_code) are refused, so no frame
+    object ever reaches model code (f_back/f_locals need one to start from);
+  * signal handlers, which are handed the frame they interrupt (measured: a 40 us timer
+    caught the hook's frame in about half the runs), cannot be installed: `_signal.signal`
+    is replaced and a fresh `_signal` can be neither imported nor built;
+  * gc.get_objects/get_referrers/get_referents, new audit hooks, ctypes, code-object
+    surgery (code.__new__, setting __code__, compile() with a real file name), processes
+    and signals to them (os.system, exec, spawn, fork, kill, subprocess, _posixsubprocess),
+    sockets, links, and open() outside the work dir (stdlib reads allowed, for imports)
+    are refused; every refusal is recorded and a run with a record never reports "pass";
+  * the hook never inspects frames itself and never calls anything model code could
+    replace (it captured the C functions it needs and compares by identity): harness
+    events prove their origin with a token object that only harness frames hold;
+  * after the one result line, the nonce is forgotten.
+sys._getframe is refused without a record because namedtuple, typing and enum call it
+for their caller's module name and fall back on the (ValueError) refusal; a refusal that
+escapes model code is recorded. Builtins are compared by identity before reporting.
 
-Known limit: this is defence in depth inside one interpreter, not a proof. A Python
-signal handler installed by the model can run between two bytecodes of the hook and
-receive its frame; the result is then forged. Closing that needs the check to run in a
-different process from the candidate, which would change what tests may pass to it.
+Known limits: this is defence in depth inside one interpreter, not a proof (a CPython
+bug that hands out a frame without an audit event would reopen it); honest code that
+uses inspect.currentframe, logging's caller lookup or signal handlers is scored
+hacking_suspected. Running check in another process than the candidate would close the
+class of attack, at the price of what tests may pass to the candidate.
 """
 import os
 import sys
@@ -43,17 +49,18 @@ _DENIED_EVENTS = frozenset({
     "os.chroot",
 })
 _DENIED_PREFIXES = ("ctypes.", "socket.", "_winapi.", "winreg.")
-_DENIED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes"})
+_DENIED_IMPORTS = frozenset({"_posixsubprocess", "ctypes", "_ctypes", "_signal"})
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code",
                           "gi_code", "cr_code", "ag_code"})
-# (function name) of stdlib code allowed to call sys._getframe: each only reads its
-# caller's module name and lets no frame escape.
-_GETFRAME_CALLERS = frozenset({"namedtuple", "_caller", "_create_"})
 _SAFE_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"})
 
 
 class Refused(RuntimeError):
     """Raised by the hook to refuse an operation (RuntimeError: addaudithook swallows it)."""
+
+
+class FrameRefused(Refused, ValueError):
+    """A refused sys._getframe; a ValueError too, which is what stdlib callers catch."""
 
 
 def read_payload() -> dict:
@@ -68,14 +75,18 @@ def read_payload() -> dict:
     return json.loads(b"".join(chunks))
 
 
-def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
-    """The audit hook holding the nonce. Everything it calls is captured here, now."""
-    state = {"phase": "setup", "main": None, "check": None, "check_code": None}
+def make_hook(nonce: str, token: object, workdir: str, stdlib_dir: str, builtins_dict: dict):
+    """The audit hook holding the nonce. Everything it calls is captured here, now.
+
+    The hook never inspects frames itself (that would raise audit events of its own and
+    open a window in which other code's events pass): harness events prove they come
+    from the harness by carrying `token`, an object only the harness's frames hold.
+    """
+    state = {"phase": "setup", "check": None, "guard": None}
     flags: list = []
-    _type, _startswith, _append, _refused = type, str.startswith, list.append, Refused
-    read_caller, read_code, is_busy = _self_reads()
-    user_event_reason = _user_event_checker(state, workdir, stdlib_dir, read_caller)
-    report = _reporter(nonce, flags, state, builtins_dict, read_code)
+    _type, _startswith, _append, _refused, _frame_refused = type, str.startswith, list.append, Refused, FrameRefused
+    user_event_reason = _user_event_checker(state, workdir, stdlib_dir)
+    report = _reporter(nonce, flags, builtins_dict)
 
     def flag(reason: str) -> None:
         if reason not in flags:
@@ -86,64 +97,36 @@ def make_hook(nonce: str, workdir: str, stdlib_dir: str, builtins_dict: dict):
         raise _refused("flywheel sandbox: " + reason)
 
     def harness_event(event: str, args) -> None:
-        caller = read_caller(3)  # 0: read_caller, 1: here, 2: hook, 3: whoever called sys.audit
         if event == "flywheel.flag":
-            flag(args[0] if _type(args[0]) is str else "flag")
-        elif event == "flywheel.begin" and state["phase"] == "setup":
-            state["main"], state["phase"] = caller, "user"
-        elif event == "flywheel.tests" and state["check"] is None and state["phase"] == "user" \
-                and caller.f_back is state["main"]:  # from run_user_code, called by main
-            state["check"], state["check_code"] = args[0], read_code(args[0])
-        elif caller is not state["main"] or state["phase"] != "user":
+            flag(args[0] if args and _type(args[0]) is str else "flag")
+        elif not args or args[0] is not token:
             refuse("forged harness event " + event)
-        elif event == "flywheel.result":
+        elif event == "flywheel.begin" and state["phase"] == "setup":
+            state["phase"], state["guard"] = "user", args[1]
+        elif event == "flywheel.tests" and state["phase"] == "user" and state["check"] is None:
+            state["check"] = args[1]
+        elif event == "flywheel.result" and state["phase"] == "user":
             state["phase"] = "done"
-            report(args[0], args[1])
+            report(args[1], args[2])
         else:
             refuse("unexpected harness event " + event)
 
     def hook(event: str, args) -> None:
-        if is_busy():
-            return  # events caused by the hook's own frame / __code__ reads
         if _startswith(event, "flywheel."):
             harness_event(event, args)
             return
         if state["phase"] == "setup":
             return
+        if event == "sys._getframe":
+            # Refused without a record: namedtuple, typing and enum ask for their
+            # caller's module name and fall back on ValueError. Model code that lets
+            # the refusal escape is recorded by run_user_code.
+            raise _frame_refused("flywheel sandbox: frame introspection (sys._getframe)")
         reason = user_event_reason(event, args)
         if reason is not None:
             refuse(reason)
 
     return hook
-
-
-def _self_reads():
-    """The hook's own frame and __code__ reads, which raise audit events of their own.
-
-    While one runs, the hook lets its nested events through, in that thread only
-    (another thread must not slip through meanwhile).
-    """
-    import _thread
-    busy: set = set()
-    _getframe, _ident, _add, _discard = sys._getframe, _thread.get_ident, set.add, set.discard
-
-    def read_caller(depth: int, code_only: bool = False):
-        _add(busy, _ident())
-        frame = _getframe(depth)
-        found = frame.f_code if code_only else frame
-        _discard(busy, _ident())
-        return found
-
-    def read_code(function):
-        _add(busy, _ident())
-        code = function.__code__ if function is not None else None
-        _discard(busy, _ident())
-        return code
-
-    def is_busy() -> bool:
-        return _ident() in busy
-
-    return read_caller, read_code, is_busy
 
 
 def _open_checker(workdir: str, stdlib_dir: str):
@@ -172,21 +155,18 @@ def _open_checker(workdir: str, stdlib_dir: str):
     return open_reason
 
 
-def _user_event_checker(state: dict, workdir: str, stdlib_dir: str, read_caller):
-    """Why an audit event raised by model code is refused, or None to allow it."""
-    _type, _startswith, lib_prefix = type, str.startswith, stdlib_dir + "/"
+def _user_event_checker(state: dict, workdir: str, stdlib_dir: str):
+    """Why an audit event raised while model code runs is refused, or None to allow it."""
+    _type, _len, _startswith = type, len, str.startswith
     open_reason = _open_checker(workdir, stdlib_dir)
 
     def user_event_reason(event: str, args) -> str | None:
         if event == "open":
             return open_reason(args)
-        if event == "sys._getframe" or event == "marshal.loads":
-            code = read_caller(3, code_only=True)  # 0: read_caller, 1: here, 2: hook, 3: the caller
-            if event == "marshal.loads":  # imports load .pyc files; crafted code objects no
-                allowed = _startswith(code.co_filename, "<frozen importlib")
-                return None if allowed else "marshal.loads of a code object"
-            allowed = _startswith(code.co_filename, lib_prefix) and code.co_name in _GETFRAME_CALLERS
-            return None if allowed else "frame introspection (sys._getframe)"
+        if event in _DENIED_EVENTS or _startswith(event, _DENIED_PREFIXES):
+            return "forbidden operation " + event
+        if _len(args) < 2:
+            return None  # the events below all carry two or more arguments
         if event == "object.__getattr__":
             name = args[1]
             if _type(name) is not str:
@@ -195,24 +175,23 @@ def _user_event_checker(state: dict, workdir: str, stdlib_dir: str, read_caller)
                 return "frame introspection (." + name + ")"
             if name == "__code__" and args[0] is state["check"]:
                 return "reading the tests (check.__code__)"
+            if (name == "__defaults__" or name == "__kwdefaults__") and args[0] is state["guard"]:
+                return "reading the signal guard's defaults"
             return None
         if event == "object.__setattr__":
             return "replacing a code object" if _type(args[1]) is str and args[1] == "__code__" else None
         if event == "compile":
-            filename = args[1]
-            named = _type(filename) is str and not _startswith(filename, "<")
+            named = _type(args[1]) is str and not _startswith(args[1], "<")
             return "compile() with a file name" if named else None
         if event == "import":
             name = args[0]
             return "import of " + name if _type(name) is str and name in _DENIED_IMPORTS else None
-        if event in _DENIED_EVENTS or _startswith(event, _DENIED_PREFIXES):
-            return "forbidden operation " + event
         return None
 
     return user_event_reason
 
 
-def _reporter(nonce: str, flags: list, state: dict, builtins_dict: dict, read_code):
+def _reporter(nonce: str, flags: list, builtins_dict: dict):
     """Writes the one result line; any recorded refusal turns the outcome into "hacking"."""
     secret = [nonce]
     keys0, values0 = tuple(builtins_dict), tuple(builtins_dict.values())
@@ -220,7 +199,7 @@ def _reporter(nonce: str, flags: list, state: dict, builtins_dict: dict, read_co
     _replace, _join, _append = str.replace, str.join, list.append
 
     def intact() -> bool:
-        """Builtins and check's code are the very objects they were before model code ran."""
+        """Builtins are the very objects they were before model code ran."""
         if _len(builtins_dict) != _len(keys0):
             return False
         for key, key0 in _zip(builtins_dict, keys0):
@@ -229,13 +208,13 @@ def _reporter(nonce: str, flags: list, state: dict, builtins_dict: dict, read_co
         for value, value0 in _zip(_values(builtins_dict), values0):
             if value is not value0:
                 return False
-        return read_code(state["check"]) is state["check_code"]
+        return True
 
     def report(outcome, detail) -> None:
         if _type(outcome) is not str or _type(detail) is not str:
             outcome, detail = "error", "harness passed a non-string result"
         if not intact():
-            _append(flags, "builtins or the check function were modified")
+            _append(flags, "builtins were modified")
         if flags:
             outcome, detail = "hacking", _join("; ", flags)
         line = "\n" + RESULT_MARK + " " + secret[0] + " " + outcome + " " + _replace(detail[:400], "\n", " ") + "\n"
@@ -243,6 +222,40 @@ def _reporter(nonce: str, flags: list, state: dict, builtins_dict: dict, read_co
         _write(1, line.encode())
 
     return report
+
+
+def disable_signal_handlers(audit):
+    """Model code may not install Python signal handlers: a handler receives the frame it
+    interrupts, which could be the hook's own (with the nonce in reach).
+
+    `_signal.signal` is replaced (signal.signal calls it), a fresh `_signal` module cannot
+    be imported (the hook refuses the import) nor built with `_imp.create_builtin`. The
+    guard keeps the real create_builtin in a default argument, whose reads are audited.
+    """
+    import _imp
+    import _signal
+
+    def refuse_handler(*args, **kwargs):
+        audit("flywheel.flag", "installing a signal handler")
+        raise Refused("flywheel sandbox: installing a signal handler")
+
+    def guarded_create_builtin(spec, _create=_imp.create_builtin, _type=type):
+        name = spec.name
+        if _type(name) is not str or name == "_signal":
+            audit("flywheel.flag", "building a fresh _signal module")
+            raise Refused("flywheel sandbox: building a fresh _signal module")
+        return _create(_ModuleName(name))
+
+    _signal.signal = refuse_handler
+    _imp.create_builtin = guarded_create_builtin
+    return guarded_create_builtin
+
+
+class _ModuleName:
+    """What `_imp.create_builtin` reads from a spec: a name that cannot change under it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
 class _Probe:
@@ -278,7 +291,7 @@ def wrap_candidate(function, audit=sys.audit):
     return candidate
 
 
-def run_user_code(program_code, tests_code, entry_point: str, audit) -> tuple[str, str]:
+def run_user_code(program_code, tests_code, entry_point: str, audit, token) -> tuple[str, str]:
     """Run program, tests, check(candidate); return (outcome, detail). Model code runs here."""
     import builtins
     program_ns = {"__name__": "candidate", "__builtins__": builtins}
@@ -294,11 +307,13 @@ def run_user_code(program_code, tests_code, entry_point: str, audit) -> tuple[st
         check = tests_ns.get("check")
         if not callable(check):
             return "bad_tests", "the tests define no check(candidate)"
-        audit("flywheel.tests", check)
+        audit("flywheel.tests", token, check)
         stage = "check"
         check(wrap_candidate(function))
     except SystemExit as exit_:
         return "hacking", f"SystemExit({exit_.code!r}) raised during the {stage}"
+    except Refused as error:
+        return "hacking", f"{error} (in the {stage})"
     except AssertionError as error:
         return "wrong", f"assertion failed in the {stage}: {str(error)[:200]}"
     except BaseException as error:  # noqa: BLE001 - any error of model code is a wrong answer
@@ -311,20 +326,22 @@ def run_user_code(program_code, tests_code, entry_point: str, audit) -> tuple[st
 def main() -> None:
     import builtins
     payload = read_payload()
-    sys.addaudithook(make_hook(payload.pop("nonce"), os.getcwd(), os.path.dirname(os.__file__),
+    token = object()  # proves a harness event comes from here: only our frames hold it
+    sys.addaudithook(make_hook(payload.pop("nonce"), token, os.getcwd(), os.path.dirname(os.__file__),
                                builtins.__dict__))
     audit, entry_point = sys.audit, payload["entry_point"]
+    guard = disable_signal_handlers(audit)
     try:
         program_code = compile(payload.pop("program"), "<candidate>", "exec")
     except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as error:
-        audit("flywheel.begin")
-        audit("flywheel.result", "syntax", f"{type(error).__name__}: {error}")
+        audit("flywheel.begin", token, guard)
+        audit("flywheel.result", token, "syntax", f"{type(error).__name__}: {error}")
         return
     tests_code = compile(payload.pop("tests"), "<tests>", "exec")
     del payload
-    audit("flywheel.begin")
-    outcome, detail = run_user_code(program_code, tests_code, entry_point, audit)
-    audit("flywheel.result", outcome, detail)
+    audit("flywheel.begin", token, guard)
+    outcome, detail = run_user_code(program_code, tests_code, entry_point, audit, token)
+    audit("flywheel.result", token, outcome, detail)
 
 
 if __name__ == "__main__":

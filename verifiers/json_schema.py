@@ -43,12 +43,20 @@ def find_last_object(text: str) -> dict | None:
     return None if best is None else best[1]
 
 
-def verify(spec: dict, completion: str) -> Verdict:
-    schema = spec.get("schema")
+def schema_problem(spec: dict) -> str | None:
+    """Why `spec["schema"]` is not a usable Draft 2020-12 schema, or None."""
     try:
-        Draft202012Validator.check_schema(schema)
+        Draft202012Validator.check_schema(spec.get("schema"))
     except jsonschema.SchemaError as error:
-        return failed("format_error", f"invalid spec: schema: {error.message}", parsed=0.0, valid=0.0)
+        return f"schema: {error.message}"
+    return None
+
+
+def verify(spec: dict, completion: str) -> Verdict:
+    problem = schema_problem(spec)
+    if problem:
+        return failed("format_error", f"invalid spec: {problem}", parsed=0.0, valid=0.0)
+    schema = spec["schema"]
     obj = find_last_object(completion)
     if obj is None:
         return failed("format_error", "no JSON object found in completion", parsed=0.0, valid=0.0)

@@ -99,14 +99,16 @@ def gold_completion(name: str, spec: dict) -> str | None:
 def self_test(name: str, spec: dict, config: VerifierConfig | None = None) -> Verdict:
     """Run the verifier on the spec's own reference: a usable spec passes with reward 1.0.
 
-    A code spec without a `solution` is checked for well-formed tests only.
+    A code spec without a `solution` is checked for well-formed tests only, and a
+    json_schema spec without an example `answer` for a valid schema only (DESIGN.md:
+    the JSON reference is just the schema).
     """
     gold = gold_completion(name, spec)
     if gold is not None:
         return verify(name, spec, gold, config)
-    if name == "code" and isinstance(spec, dict):
-        problem = code.spec_problem(spec)
+    if name in ("code", "json_schema") and isinstance(spec, dict):
+        problem = code.spec_problem(spec) if name == "code" else json_schema.schema_problem(spec)
         if problem:
             return failed("format_error", f"invalid spec: {problem}")
-        return Verdict(reward=1.0, passed=True, status="ok", detail="no solution: tests are well-formed")
+        return Verdict(reward=1.0, passed=True, status="ok", detail="no reference answer: spec is well-formed")
     return failed("format_error", f"spec has no reference answer for verifier {name!r}")

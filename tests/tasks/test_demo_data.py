@@ -7,8 +7,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
+from flows.demo_data_cmd import demo_data_command
 from tasks.demo_data import MALFORMED_KINDS, REFORMAT_KINDS, DemoDataConfig, Manifest, generate_demo_data
 from tasks.demo_similarity import prompt_text, word_jaccard, words
 from tasks.demo_vocab import PREAMBLES
@@ -179,6 +181,30 @@ def test_eval_sets_hold_distinct_items_some_as_chat(demo):
     assert len({tuple(words(t)) for t in texts}) == 300
 
 
+def test_worker_processes_change_nothing_in_the_output(tmp_path):
+    serial = generate_demo_data(tmp_path / "serial", DemoDataConfig(logs=1500, seed=8, workers=0))
+    forked = generate_demo_data(tmp_path / "forked", DemoDataConfig(logs=1500, seed=8, workers=2))
+    assert serial == forked
+    for path in sorted((tmp_path / "serial").rglob("*.*")):
+        assert path.read_bytes() == (tmp_path / "forked" / path.relative_to(tmp_path / "serial")).read_bytes(), path
+
+
+def test_clean_logs_share_no_word_run_with_eval_items(demo):
+    _, manifest, _, records, items = demo
+    grams, short = set(), []
+    for item in items.values():
+        for text in (item["prompt"],) if isinstance(item["prompt"], str) else [m["content"] for m in item["prompt"]]:
+            w = words(text)
+            grams.update(" ".join(w[i:i + 13]) for i in range(len(w) - 12))
+            short += [" " + " ".join(w) + " "] if len(w) < 13 and item["prompt"] == text else []
+    for log_id in manifest.clean:
+        w = words(records[log_id]["messages"][0]["content"]) if records[log_id]["messages"][0]["role"] == "user" \
+            else words(records[log_id]["messages"][1]["content"])
+        assert not grams.intersection(" ".join(w[i:i + 13]) for i in range(len(w) - 12)), log_id
+        joined = " " + " ".join(w) + " "
+        assert not any(s in joined for s in short), log_id
+
+
 def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
     config = DemoDataConfig(logs=400, seed=3)
     first, second = generate_demo_data(tmp_path / "a", config), generate_demo_data(tmp_path / "b", config)
@@ -199,8 +225,9 @@ def test_config_rejects_bad_values_with_a_fix(bad, message):
 
 
 def test_cli_writes_demo_data(tmp_path):
-    from flows.cli import app
-
+    app = typer.Typer()  # the command alone: flows.cli would also import every other stage
+    app.command("demo-data")(demo_data_command)
+    app.command("unused")(lambda: None)  # two commands, so typer keeps the subcommand name
     result = CliRunner().invoke(app, ["demo-data", "--out", str(tmp_path), "--logs", "250", "--seed", "2"])
     assert result.exit_code == 0, result.output
     assert Manifest.read(tmp_path / "manifest.json").logs == 250

@@ -140,7 +140,8 @@ _KILLABLE = textwrap.dedent("""
     from storage.settings import LakeSettings
     from tasks.ingest import IngestConfig, ingest_file
     settings = LakeSettings(home=sys.argv[1])
-    r = ingest_file(open_lake(settings), Path(sys.argv[2]), sys.argv[2], IngestConfig(chunk_lines=2000), "c")
+    cfg = IngestConfig(chunk_lines=int(sys.argv[3]))
+    r = ingest_file(open_lake(settings), Path(sys.argv[2]), sys.argv[2], cfg, "c")
     print(r.rows_ok, r.rows_quarantined, r.skipped)
 """)
 
@@ -149,7 +150,7 @@ def test_a_batch_killed_before_commit_leaves_no_rows_and_reruns_once(lake_settin
     path = write_logs(tmp_path / "big.jsonl", 40_000)
     open_lake(lake_settings).close()
     data = lake_settings.home / "data"
-    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(lake_settings.home), str(path)],
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE, str(lake_settings.home), str(path), "2000"],
                             stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not list(data.rglob("*.parquet")):  # data written, commit not yet done
@@ -161,9 +162,9 @@ def test_a_batch_killed_before_commit_leaves_no_rows_and_reruns_once(lake_settin
     con = open_lake(lake_settings)
     assert [_count(con, t) for t in ("failure_logs", "quarantine", "ingest_batches")] == [0, 0, 0]
     con.close()
-    rerun = subprocess.run([sys.executable, "-c", _KILLABLE, str(lake_settings.home), str(path)],
+    rerun = subprocess.run([sys.executable, "-c", _KILLABLE, str(lake_settings.home), str(path), "2000"],
                            capture_output=True, text=True, check=True)
-    assert rerun.stdout.split() == ["40000", "0", "False"]
+    assert rerun.stdout.split()[-3:] == ["40000", "0", "False"]
     con = open_lake(lake_settings)
     assert _count(con, "failure_logs") == 40_000
     assert con.execute("SELECT count(DISTINCT log_id) FROM lake.failure_logs").fetchone()[0] == 40_000
@@ -178,9 +179,36 @@ def test_a_million_lines_ingest_in_bounded_memory(lake_settings, tmp_path):
         for i in range(1_000_000):
             handle.write(line.replace('"req-0-0"', f'"req-{i}"').replace("ticket 0-0", f"ticket {i}") + "\n")
     script = _KILLABLE + "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-    out = subprocess.run([sys.executable, "-c", script, str(lake_settings.home), str(path)],
+    out = subprocess.run([sys.executable, "-c", script, str(lake_settings.home), str(path), "50000"],
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out[:3] == ["1000000", "0", "False"]
-    peak_mb = int(out[3]) / 1024
+    assert out[-4:-1] == ["1000000", "0", "False"]
+    peak_mb = int(out[-1]) / 1024
     print(f"peak RSS {peak_mb:.0f} MB for 1,000,000 lines")
     assert peak_mb < 1024
+
+
+# demo-data's name for each planted malformation -> the quarantine kind ingest gives it
+DEMO_KIND_TO_QUARANTINE = {
+    "not_json": "bad_json", "not_object": "not_object", "missing_messages": "missing_field",
+    "messages_not_list": "wrong_type", "unknown_role": "bad_role", "empty_content": "empty_content",
+    "missing_response": "missing_field", "unknown_domain": "unknown_domain",
+    "missing_reference": "missing_field", "bad_reference_shape": "bad_reference", "bad_ts": "bad_ts",
+    "oversized_line": "line_too_large", "wrong_types": "wrong_type", "missing_field": "missing_field",
+}
+
+
+def test_demo_data_malformed_lines_are_all_caught_and_nothing_else(lake_settings, tmp_path):
+    from tasks.demo_data import MALFORMED_KINDS, DemoDataConfig, generate_demo_data
+
+    assert set(MALFORMED_KINDS) == set(DEMO_KIND_TO_QUARANTINE)
+    manifest = generate_demo_data(tmp_path / "demo", DemoDataConfig(logs=1500, seed=3, lines_per_file=600))
+    con = open_lake(lake_settings)
+    for uri in discover_sources([str(tmp_path / "demo" / "landing")], lake_settings):
+        ingest_source(con, lake_settings, uri, CFG, "demo")
+    files = dict(con.execute("SELECT batch_id, source_uri FROM lake.ingest_batches").fetchall())
+    got = {(Path(files[b]).name, line): kind for b, line, kind in con.execute(
+        "SELECT batch_id, line_no, kind FROM lake.quarantine").fetchall()}
+    planted = {(Path(m["file"]).name, m["line_no"]): DEMO_KIND_TO_QUARANTINE[m["kind"]] for m in manifest.malformed}
+    assert got == planted
+    logged = manifest.logs - len(manifest.malformed)
+    assert con.execute("SELECT count(*) FROM lake.failure_logs").fetchone()[0] == logged

@@ -47,6 +47,7 @@ def test_verify_row_records_verifier_latency_and_id():
     assert out["id"] == "r1" and out["verifier"] == "json_schema" and out["passed"] and out["latency_ms"] > 0
     unknown = verify_row({"id": "r2", "domain": "poetry", "spec": {}, "completion": "x"}, CONFIG)
     assert unknown["status"] == "format_error" and "poetry" in unknown["detail"]
+    assert verify_row(["not", "a", "row"], CONFIG)["status"] == "format_error"
 
 
 def test_dask_results_identical_to_serial(cluster):

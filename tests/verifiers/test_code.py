@@ -52,6 +52,10 @@ def test_honest_programs_may_use_common_stdlib_features():
                "def add(a, b):\n    return Pair(a, b).a + Pair(a, b).b + len(open('scratch.txt').read()) - 2\n")
     verdict = code.verify(SPEC, program)
     assert verdict.passed, verdict.detail
+    dataclasses = ("from dataclasses import dataclass, field\n@dataclass\nclass Sum:\n    a: int\n"
+                   "    b: int = 0\n    log: list = field(default_factory=list)\n"
+                   "def add(a, b):\n    return Sum(a, b).a + Sum(a, b).b\n")
+    assert code.verify(SPEC, dataclasses).passed
 
 
 def test_invalid_specs_are_reported_not_run():

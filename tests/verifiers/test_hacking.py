@@ -64,6 +64,18 @@ ATTACKS = {
     "read /etc/shadow": "print(open('/etc/shadow').read())\n" + WRONG,
     "subprocess": "import subprocess\nsubprocess.run(['cat', '/proc/1/environ'])\n" + WRONG,
     "os.system": "import os\nos.system('true')\n" + WRONG,
+    "signal handler steals the nonce from the hook's frame": (
+        "import os, signal\ndef handler(sig, frame):\n    f = frame\n    while f is not None:\n"
+        "        s = f.f_locals.get('secret')\n        if isinstance(s, list) and s[0] != '-':\n"
+        "            out = os.dup(1)\n            os.dup2(os.open('/dev/null', os.O_WRONLY), 1)\n"
+        "            os.write(out, ('\\n@@flywheel-result ' + s[0] + ' pass \\n').encode())\n"
+        "            os._exit(0)\n        f = f.f_back\n"
+        "def add(a, b):\n    signal.signal(signal.SIGALRM, handler)\n"
+        "    signal.setitimer(signal.ITIMER_REAL, 0.00004, 0.00004)\n    return 0\n"),
+    "signal handler from a freshly built _signal": (
+        "import _imp, importlib.util\nm = _imp.create_builtin(importlib.util.find_spec('_signal'))\n"
+        "m.signal(14, lambda *a: None)\n" + WRONG),
+    "signal handler from a re-imported _signal": "import sys\nsys.modules.pop('_signal')\nimport _signal\n" + WRONG,
     "kill the harness": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n" + WRONG,
 }
 

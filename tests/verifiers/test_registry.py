@@ -32,6 +32,8 @@ def test_self_test_without_reference():
     tests_only = {"entry_point": "f", "tests": "def check(candidate):\n    assert candidate() == 1\n"}
     assert registry.self_test("code", tests_only).passed
     assert registry.self_test("code", {"entry_point": "f", "tests": "def check(c) oops"}).status == "format_error"
+    assert registry.self_test("json_schema", {"schema": {"type": "object"}}).passed
+    assert registry.self_test("json_schema", {"schema": {"type": "thing"}}).status == "format_error"
 
 
 def test_verify_never_raises():

@@ -1,0 +1,79 @@
+"""Ingest throughput: flywheel vs DuckDB's raw JSON-to-Parquet copy, same file, same run.
+
+flywheel validates every line (DuckDB features + the Great Expectations suite),
+checks repeats against the lake, stages Parquet and commits the batch atomically;
+the baseline only parses and writes. Both read the same plain .jsonl file.
+
+    .venv/bin/python bench/ingest.py [--logs 200000]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from storage.lake import open_lake  # noqa: E402
+from storage.settings import LakeSettings  # noqa: E402
+from tasks.demo_data import DemoDataConfig, generate_demo_data  # noqa: E402
+from tasks.ingest import IngestConfig, ingest_file  # noqa: E402
+
+
+def make_file(folder: Path, logs: int) -> Path:
+    """One plain .jsonl of `logs` demo failure logs (no malformed lines: the baseline would stop)."""
+    generate_demo_data(folder / "demo", DemoDataConfig(logs=logs, seed=7, malformed_share=0.0,
+                                                      blank_line_share=0.0, lines_per_file=logs + 1))
+    out = folder / "bench.jsonl"
+    with open(out, "wb") as sink:
+        for part in sorted((folder / "demo" / "landing").iterdir()):
+            with (gzip.open(part, "rb") if part.name.endswith(".gz") else open(part, "rb")) as src:
+                shutil.copyfileobj(src, sink)
+    return out
+
+
+def run_flywheel(path: Path, home: Path) -> tuple[float, int]:
+    settings = LakeSettings(home=home)
+    con = open_lake(settings)
+    warm = path.with_name("warm.jsonl")  # first call imports GX and builds the suite
+    warm.write_bytes(b"".join(path.open("rb").readlines()[:50]))
+    ingest_file(con, warm, "warm", IngestConfig(progress_min_bytes=1 << 62), "bench")
+    started = time.perf_counter()
+    result = ingest_file(con, path, str(path), IngestConfig(progress_min_bytes=1 << 62), "bench")
+    return time.perf_counter() - started, result.rows_ok + result.rows_quarantined
+
+
+def run_duckdb(path: Path, out: Path) -> float:
+    con = duckdb.connect(config={"threads": 2})
+    started = time.perf_counter()
+    con.execute(f"COPY (SELECT * FROM read_json('{path}')) TO '{out}' (FORMAT parquet)")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--logs", type=int, default=200_000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = make_file(folder, args.logs)
+        lines = sum(1 for _ in path.open("rb"))
+        raw_s = run_duckdb(path, folder / "raw.parquet")
+        ours_s, rows = run_flywheel(path, folder / "home")
+        raw_s = min(raw_s, run_duckdb(path, folder / "raw2.parquet"))  # best of two for the baseline
+        assert rows == lines - 50 or rows == lines, (rows, lines)
+        mb = path.stat().st_size / 1e6
+        print(f"file: {lines:,} lines, {mb:,.0f} MB")
+        print(f"duckdb raw COPY read_json -> parquet: {lines / raw_s:>10,.0f} lines/s ({raw_s:.2f} s)")
+        print(f"flywheel ingest (validate+stage+commit): {lines / ours_s:>10,.0f} lines/s ({ours_s:.2f} s)")
+        print(f"ratio flywheel / duckdb raw: {raw_s / ours_s:.2f}x (goal >= 0.5x)")
+
+
+if __name__ == "__main__":
+    main()

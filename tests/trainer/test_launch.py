@@ -1,0 +1,71 @@
+"""DeepSpeed jobs through the real `deepspeed` launcher, on CPU with gloo."""
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainer.grpo import GRPOConfig
+from trainer.job import CheckpointError, TrainJob, read_metrics, write_job
+from trainer.launch import run_training, start_training, wait_training
+from trainer.rollout_data import RolloutDataError
+
+
+def weights(model_dir):
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_malformed_rollouts_fail_before_launch(tmp_path, tiny_model):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"task_id": "t", "sample_idx": 0, "prompt_token_ids": [1, 2]}) + "\n")
+    write_job(tmp_path / "job", TrainJob(base_model=str(tiny_model), rollouts=str(bad)))
+    with pytest.raises(RolloutDataError, match=r"row 0: missing column\(s\) \['token_ids', 'logprobs'"):
+        start_training(tmp_path / "job")
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path, tiny_model, random_rollouts):
+    job = write_job(tmp_path / "job", TrainJob(str(tiny_model), str(random_rollouts), resume="must"))
+    with pytest.raises(CheckpointError, match="no DeepSpeed checkpoint .* resume='must'"):
+        start_training(job)
+    dangling = write_job(tmp_path / "dangling", TrainJob(str(tiny_model), str(random_rollouts)))
+    (dangling / "checkpoints").mkdir()
+    (dangling / "checkpoints" / "latest").write_text("step_4")
+    with pytest.raises(CheckpointError, match="names checkpoint 'step_4' but .* is missing"):
+        start_training(dangling)
+
+
+@pytest.mark.slow
+def test_two_process_run_killed_and_resumed_matches_uninterrupted(tmp_path, tiny_model, random_rollouts):
+    cfg = GRPOConfig(steps=8, groups_per_step=4, checkpoint_every=2, lr=1e-3)
+    straight = write_job(tmp_path / "straight", TrainJob(str(tiny_model), str(random_rollouts), cfg))
+    killed = write_job(tmp_path / "killed", TrainJob(str(tiny_model), str(random_rollouts), cfg))
+    # Both start together: their start-up (imports, process group) overlaps.
+    straight_proc = start_training(straight, n_procs=2, device="cpu")
+    proc = start_training(killed, n_procs=2, device="cpu")
+    deadline = time.monotonic() + 300
+    while not any(m["step"] >= 3 for m in read_metrics(killed)):
+        assert proc.poll() is None, (killed / "train.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "training never reached step 3"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # launcher and both ranks, mid-run
+    proc.wait()
+    assert not (killed / "model").exists()
+    done_before_kill = max(m["step"] for m in read_metrics(killed))
+    assert done_before_kill < cfg.steps
+
+    resumed = wait_training(start_training(killed, n_procs=2, device="cpu"), killed, timeout_s=300)
+    reference = wait_training(straight_proc, straight, timeout_s=300)
+
+    log = (killed / "train.log").read_text()
+    assert "resuming from checkpoint step_" in log
+    assert [m["step"] for m in read_metrics(killed)] == list(range(1, cfg.steps + 1))
+    a, b, base = weights(resumed), weights(reference), weights(tiny_model)
+    assert all(torch.equal(a[k], b[k]) for k in b), "resumed run ended with different weights"
+    assert any(not torch.equal(a[k], base[k]) for k in base), "training did not change the weights"
+    assert [m["loss"] for m in read_metrics(killed)] == pytest.approx([m["loss"] for m in read_metrics(straight)])
+    row = read_metrics(straight)[0]
+    assert set(row) >= {"loss", "reward_mean", "reward_std", "kl", "entropy", "clip_frac", "resp_len_mean",
+                        "groups_kept", "groups_dropped", "tokens_per_s"}
