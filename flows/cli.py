@@ -9,6 +9,8 @@ from flows import demo_data_cmd, ingest_cmd, sql_cmd, verify_cmd
 from flows import curate_cmd, evalset_cmd
 from flows import serve_cmd, webhook
 from flows import model_cmd
+from flows import model_admin_cmd
+from flows import cycle_cmd, demo_cmd
 
 app = typer.Typer(
     name="flywheel",
@@ -26,6 +28,11 @@ app.command("curate")(curate_cmd.curate_command)
 app.command("serve")(serve_cmd.serve_command)
 app.command("webhook")(webhook.webhook_command)
 app.add_typer(model_cmd.model_app, name="model")
+model_cmd.model_app.command("list")(model_admin_cmd.model_list_command)
+model_cmd.model_app.command("promote")(model_admin_cmd.model_promote_command)
+model_cmd.model_app.command("register")(cycle_cmd.model_register_command)
+app.command("cycle")(cycle_cmd.cycle_command)
+app.command("demo")(demo_cmd.demo_command)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m flows.cli`

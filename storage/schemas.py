@@ -43,6 +43,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("task_id", pa.string()), ("domain", pa.string()), ("prompt", pa.string()),
         ("messages", _JSON), ("verifier", pa.string()), ("spec", _JSON),
         ("source_log_ids", pa.list_(pa.string())), ("created_at", _TS)),
+    # MinHash signature of each kept task, so a cycle hashes only its new logs;
+    # signature = num_perm little-endian uint32, comparable only within one scheme
+    "minhash_signatures": _schema(
+        ("task_id", pa.string()), ("scheme", pa.string()), ("signature", pa.binary())),
     "decisions": _schema(
         ("log_id", pa.string()), ("decision", pa.string()), ("evidence", _JSON),
         ("task_id", pa.string()), ("decided_at", _TS)),
@@ -63,8 +67,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     "models": _schema(
         ("policy_version", pa.string()), ("parent_version", pa.string()), ("uri", pa.string()),
         ("status", pa.string()), ("reason", pa.string()), ("created_at", _TS)),
+    # contaminated items are scored but kept out of every headline number
     "evaluations": _schema(
-        ("policy_version", pa.string()), ("eval_set", pa.string()), ("item_id", pa.string()),
+        ("policy_version", pa.string()), ("eval_set", pa.string()), ("eval_version", pa.string()),
+        ("item_id", pa.string()), ("contaminated", pa.bool_()),
         ("domain", pa.string()), ("sample_idx", pa.int32()), ("reward", pa.float64()),
         ("passed", pa.bool_()), ("status", pa.string()), ("completion_tokens", pa.int32()),
         ("finish_reason", pa.string())),
@@ -79,7 +85,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 DECISIONS = ("kept", "duplicate", "near_duplicate", "contaminated", "unverifiable")
-MODEL_STATUSES = ("candidate", "production", "rejected")
+MODEL_STATUSES = ("candidate", "production", "rejected", "retired")
 
 
 def empty_table(name: str) -> pa.Table:

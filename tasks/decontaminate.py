@@ -137,7 +137,8 @@ def build_eval_index(items: list[EvalItem], cfg: DecontamConfig) -> EvalIndex:
     sentences = [_split_sentences(p) for p in prompts]
     sentence_item = np.repeat(np.arange(len(items)), [len(s) for s in sentences])
     flat = [s for group in sentences for s in group]
-    unit_hash, unit_sentence, unit_start, unit_length = _sentence_units(tokenize_batch(flat), cfg.ngram)
+    tokens = tokenize_batch(flat)
+    unit_hash, unit_sentence, unit_start, unit_length = _sentence_units(tokens, cfg.ngram)
     unit_item = sentence_item[unit_sentence]
     # one row per (item, unit hash); then drop hashes shared by many items (boilerplate)
     _, first = np.unique(np.stack([unit_item.astype(_U64), unit_hash], 1), axis=0, return_index=True)
@@ -151,7 +152,6 @@ def build_eval_index(items: list[EvalItem], cfg: DecontamConfig) -> EvalIndex:
     whole_order = np.argsort(whole, kind="stable")
     sketches = minhash.sketch_texts(prompts, cfg.minhash)
     long_units = np.flatnonzero(unit_length[order] > _ANCHOR)
-    tokens = tokenize_batch(flat)
     anchors = tokens.run_hashes(tokens.offsets[unit_sentence[order][long_units]] + unit_start[order][long_units],
                                 np.full(long_units.size, _ANCHOR))
     anchor_order = np.argsort(anchors, kind="stable")

@@ -153,6 +153,13 @@ class _Writer:
             self.handle.close()
             self.handle = None
 
+    def finish(self) -> None:
+        """Close the last file; a run too small to reach every named file still creates it, empty."""
+        self.close()
+        for index in range(self.index + 1, len(self.names)):
+            self._open(index)
+            self.close()
+
 
 class _Logs:
     """Builds log records: ids, timestamps, metadata around a task's messages."""
@@ -309,6 +316,6 @@ def generate_demo_data(out_dir: str | Path, config: DemoDataConfig = DemoDataCon
         run = _Generation(out, config, candidates, items, streams)
         for logical, category in enumerate(_plan(config, streams["plan"])):
             run.line(logical, category)
-        run.writer.close()
+        run.writer.finish()
     run.manifest.write(out / "manifest.json")
     return run.manifest

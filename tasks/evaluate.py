@@ -155,13 +155,14 @@ def lineage(con: duckdb.DuckDBPyConnection, policy_version: str) -> list[str]:
     return chain
 
 
-def training_tasks(con: duckdb.DuckDBPyConnection, policy_version: str) -> list[tuple[str, str]]:
-    """(task_id, prompt) of every task rolled out by the policy's lineage."""
+def training_tasks(con: duckdb.DuckDBPyConnection, *versions: str) -> list[tuple[str, str]]:
+    """(task_id, prompt) of every task rolled out by the lineage of any of `versions`."""
+    chain = sorted({v for version in versions for v in lineage(con, version)})
     return [tuple(r) for r in con.execute("""
         SELECT task_id, prompt FROM lake.tasks
         WHERE task_id IN (SELECT task_id FROM lake.rollouts WHERE list_contains(?, policy_version))
         QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY created_at) = 1
-        ORDER BY task_id""", [lineage(con, policy_version)]).fetchall()]
+        ORDER BY task_id""", [chain]).fetchall()]
 
 
 def find_contaminated(items: list[Item], train: list[tuple[str, str]],
@@ -243,13 +244,13 @@ def process_metrics(rows: list[dict]) -> dict:
     total = len(rows)
     if total == 0:
         return {"samples": 0}
-    share = lambda pred: sum(1 for r in rows if pred(r)) / total  # noqa: E731
+    statuses = [r["status"] for r in rows]
     return {"samples": total,
             "tokens_per_answer": sum(r["completion_tokens"] for r in rows) / total,
-            "truncation_rate": share(lambda r: r["finish_reason"] == "length"),
-            "format_error_rate": share(lambda r: r["status"] == "format_error"),
-            "timeout_rate": share(lambda r: r["status"] == "timeout"),
-            "sandbox_error_rate": share(lambda r: r["status"] == "sandbox_error")}
+            "truncation_rate": sum(r["finish_reason"] == "length" for r in rows) / total,
+            "format_error_rate": statuses.count("format_error") / total,
+            "timeout_rate": statuses.count("timeout") / total,
+            "sandbox_error_rate": statuses.count("sandbox_error") / total}
 
 
 def summarize(rows: list[dict], contaminated: dict[tuple[str, str], list[dict]], cfg: EvalConfig,
@@ -271,10 +272,17 @@ def summarize(rows: list[dict], contaminated: dict[tuple[str, str], list[dict]],
 
 
 def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_version: str, cfg: EvalConfig,
-                    cycle_id: str, *, generate: Generate = engine.generate) -> EvalSummary:
-    """Sample, check contamination, score, write `evaluations`; return the summary."""
+                    cycle_id: str, *, also_check: tuple[str, ...] = (),
+                    generate: Generate = engine.generate) -> EvalSummary:
+    """Sample, check contamination, score, write `evaluations`; return the summary.
+
+    also_check: other versions whose training tasks also make an item contaminated.
+    Pass the candidate when evaluating production, so that both headlines stand on
+    the same clean items (the gate pairs items either way).
+    """
     items = registered_items(con) + fresh_items(con, cfg, cycle_id)
-    contaminated = find_contaminated(items, training_tasks(con, policy_version), cfg.decontam)
+    train = training_tasks(con, policy_version, *also_check)
+    contaminated = find_contaminated(items, train, cfg.decontam)
     rows: list[dict] = []
     if items:
         samples = generate(model_dir, [i.messages for i in items], cfg.engine)

@@ -85,6 +85,11 @@ class GateDecision:
         out["domains"] = [d.__dict__.copy() for d in self.domains]
         return out
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "GateDecision":
+        """Inverse of to_dict (decisions travel between Prefect tasks as plain dicts)."""
+        return cls(**{**data, "domains": tuple(DomainResult(**d) for d in data["domains"])})
+
 
 def _by_key(rows: Iterable[Mapping]) -> dict[tuple[str, str], tuple[str, float]]:
     out = {}

@@ -29,6 +29,7 @@ make true pairs collide, which is what `choose_banding` optimises.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 
@@ -154,6 +155,7 @@ def shingle_batch(tokens: TokenBatch, ngram: int) -> Shingles:
     return Shingles((grams >> _U64(32)).astype(np.uint32), offsets)
 
 
+@functools.lru_cache(maxsize=8)
 def _permutations(cfg: MinHashConfig) -> tuple[np.ndarray, np.ndarray]:
     def draw(label: str, i: int) -> int:
         digest = hashlib.blake2b(f"{cfg.seed}:{label}:{i}".encode(), digest_size=8).digest()
@@ -351,24 +353,28 @@ class Sketches:
     """Everything near-duplicate search needs about a batch of texts, row for row."""
 
     shingles: Shingles
-    signatures: np.ndarray  # (n, num_perm) uint32
+    signatures: np.ndarray | None  # (n, num_perm) uint32, when kept
     keys: np.ndarray  # (n, bands) uint64
 
 
-def sketch_texts(texts: list[str], cfg: MinHashConfig, chunk: int = 2048) -> Sketches:
+def sketch_texts(texts: list[str], cfg: MinHashConfig, chunk: int = 2048,
+                 keep_signatures: bool = True) -> Sketches:
     """Tokenise, shingle, sign and band texts, `chunk` texts at a time.
 
     Chunks keep every intermediate array small: on this kind of machine touching a
-    fresh 100 MB array costs more than the arithmetic done on it.
+    fresh 100 MB array costs more than the arithmetic done on it. Clustering one batch
+    needs only band keys and shingles; keep signatures to persist or probe them later.
     """
     bands = cfg.banding[0]
-    sigs = np.empty((len(texts), cfg.num_perm), dtype=np.uint32)
+    sigs = np.empty((len(texts), cfg.num_perm), dtype=np.uint32) if keep_signatures else None
     keys = np.empty((len(texts), bands), dtype=_U64)
     parts = []
     for start in range(0, len(texts), chunk):
         part = shingle_batch(tokenize_batch(texts[start:start + chunk]), cfg.ngram)
-        sigs[start:start + part.count] = signatures(part, cfg)
-        keys[start:start + part.count] = band_keys(sigs[start:start + part.count], cfg)
+        part_sigs = signatures(part, cfg)
+        keys[start:start + part.count] = band_keys(part_sigs, cfg)
+        if sigs is not None:
+            sigs[start:start + part.count] = part_sigs
         parts.append(part)
     shingles = Shingles.concat(parts) if parts else Shingles(np.empty(0, np.uint32), np.zeros(1, np.int64))
     return Sketches(shingles, sigs, keys)

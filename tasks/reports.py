@@ -107,15 +107,15 @@ def training_chart(con: duckdb.DuckDBPyConnection, cycle_id: str, path: Path) ->
         FROM lake.train_steps s LEFT JOIN lake.models m USING (policy_version)
         WHERE s.cycle_id = ? ORDER BY m.created_at NULLS LAST, s.policy_version, s.step""", [cycle_id]).fetchall()
     x = list(range(1, len(rows) + 1))  # rounds follow each other: one running step count
-    col = lambda i: [r[i] if r[i] is not None else float("nan") for r in rows]  # noqa: E731
+    mean, std, kl, entropy, length = ([float("nan") if v is None else v for v in column]
+                                      for column in (zip(*rows) if rows else [()] * 5))
     fig, axes = plt.subplots(2, 2, figsize=(10, 6), sharex=True)
-    mean, std = col(0), col(1)
     axes[0, 0].plot(x, mean, label="reward mean")
     axes[0, 0].fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             alpha=0.25, label="± std")
     axes[0, 0].legend(loc="best")
-    for ax, values, title in ((axes[0, 1], col(2), "KL to reference"), (axes[1, 0], col(3), "entropy"),
-                              (axes[1, 1], col(4), "response length (tokens)")):
+    for ax, values, title in ((axes[0, 1], kl, "KL to reference"), (axes[1, 0], entropy, "entropy"),
+                              (axes[1, 1], length, "response length (tokens)")):
         ax.plot(x, values)
         ax.set_title(title)
     axes[0, 0].set_title("reward")

@@ -178,8 +178,12 @@ class _HelperPool:
 
     def __init__(self) -> None:
         self.idle: queue.LifoQueue[_Helper] = queue.LifoQueue()
+        self.pid = os.getpid()
 
     def compare(self, gold: str, text: str, timeout_s: float) -> dict:
+        if self.pid != os.getpid():
+            # A forked child must not talk to its parent's helpers over shared pipes.
+            self.idle, self.pid = queue.LifoQueue(), os.getpid()
         wait_s = timeout_s
         try:
             helper = self.idle.get_nowait()

@@ -39,8 +39,10 @@ def start_prefect(home: Path) -> tuple[subprocess.Popen, PrefectServer]:
     home.mkdir(parents=True, exist_ok=True)
     prefect = str(Path(sys.executable).parent / "prefect")
     log = open(home / "server.log", "wb")
+    # the UI (a browser app) calls the API at PREFECT_UI_API_URL, which must name our port
+    env = {**prefect_env(home), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     proc = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            env=prefect_env(home), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     api_url = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -105,3 +107,15 @@ def read_runs(server: PrefectServer, ids: list[str]) -> list[dict]:
         body = {"flow_runs": {"id": {"any_": ids[start:start + 200]}}, "limit": 200}
         runs += httpx.post(f"{server.api_url}/flow_runs/filter", json=body, timeout=30).json()
     return runs
+
+
+def register_in_process(server: PrefectServer, workdir: Path, schedule=None) -> list[str]:
+    """What `flywheel serve --pool none` does, without paying for a CLI start (~10 s here)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.deployments import ScheduleConfig
+    from flows.serve_cmd import register_deployments
+    from storage.settings import LakeSettings
+
+    with temporary_settings({PREFECT_API_URL: server.api_url}):
+        return register_deployments(schedule or ScheduleConfig(), LakeSettings(home=workdir / ".flywheel"), str(workdir))

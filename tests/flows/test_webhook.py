@@ -16,7 +16,7 @@ import pytest
 
 from flows.signatures import sign
 from tests import services
-from tests.flows.prefect_stack import count_runs, read_runs, register, start_webhook
+from tests.flows.prefect_stack import count_runs, read_runs, register_in_process, start_webhook
 
 OLD, NEW = "old-secret-0123456789abcdef", "new-secret-0123456789abcdef"
 TOKEN = "minio-token-0123456789abcdef"
@@ -38,7 +38,7 @@ curl -sS -X POST "$WEBHOOK/hooks/ingest" \
 @pytest.fixture(scope="module")
 def hook(prefect_server, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("webhook")
-    register(prefect_server, workdir)
+    register_in_process(prefect_server, workdir)
     env = {**ENV, "FLYWHEEL_HOME": str(workdir / "home")}
     proc, url = start_webhook(prefect_server, workdir, env)
     state = {"proc": proc, "url": url, "workdir": workdir, "env": env}

@@ -121,6 +121,12 @@ def test_every_malformed_kind_appears_from_200_logs(tmp_path):
     assert sorted({m["kind"] for m in manifest.malformed}) == sorted(MALFORMED_KINDS)
 
 
+def test_a_tiny_run_still_writes_every_named_file(tmp_path):
+    manifest = generate_demo_data(tmp_path, DemoDataConfig(logs=1, seed=1))
+    assert len(manifest.clean) == 1 and all((tmp_path / name).exists() for name in manifest.files)
+    assert read_lines(tmp_path, manifest.files[1]) == []
+
+
 def test_exact_duplicates_repeat_the_question_from_another_user(demo):
     _, manifest, _, records, _ = demo
     clean = set(manifest.clean)

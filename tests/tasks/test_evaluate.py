@@ -8,6 +8,7 @@ import pytest
 
 from storage.lake import append_rows, open_lake, transaction
 from storage.schemas import SCHEMAS
+from storage.settings import LakeSettings
 from tasks.evaluate import FRESH_SET, EvalConfig, evaluate_policy, lineage
 from tasks.evalsets import register_evalset
 from tasks.holdout import is_heldout
@@ -70,9 +71,11 @@ def _rollout(task_prompt, policy):
             "token_ids": [2], "logprobs": [-0.5], "finish_reason": "stop"}
 
 
-@pytest.fixture
-def lake(lake_settings, tmp_path):
-    con = open_lake(lake_settings)
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    """One lake for the module (opening one costs seconds); tests write under distinct cycles."""
+    tmp_path = tmp_path_factory.mktemp("lake")
+    con = open_lake(LakeSettings(home=tmp_path / "home"))
     path = tmp_path / "arith.jsonl"
     path.write_text("".join(json.dumps(i) + "\n" for i in ITEMS))
     register_evalset(con, "arith", path)
@@ -115,7 +118,8 @@ def test_scores_every_item_and_excludes_the_leaked_one(lake, cfg):
     summary = evaluate_policy(lake, "unused-model-dir", "cand", cfg, "c1", generate=table_engine)
     fresh = [p for p in FRESH if is_heldout(content_hash(p), 0.5)]
     assert 0 < len(fresh) < len(FRESH), "the split holds some fresh tasks out and trains on the rest"
-    n_rows = lake.execute("SELECT count(*) FROM lake.evaluations WHERE policy_version = 'cand'").fetchone()[0]
+    n_rows = lake.execute("SELECT count(*) FROM lake.evaluations WHERE policy_version = 'cand' "
+                          "AND cycle_id = 'c1'").fetchone()[0]
     assert n_rows == (len(ITEMS) + len(fresh)) * G
 
     [leak] = summary.contaminated
@@ -156,6 +160,11 @@ def test_rerun_replaces_rows_and_lineage_follows_parents(lake, cfg):
     assert other.contaminated == [] and ("arith", "a3") in {(s["eval_set"], s["item_id"])
                                                             for s in other.item_scores}
     assert summary.headline["items"] + 1 == other.headline["items"]
+    # checked against the candidate's lineage too, the other model loses the same item
+    paired = evaluate_policy(lake, "unused", "fresh-model", cfg, "c1", also_check=("cand",),
+                             generate=table_engine)
+    assert [(c["item_id"], c["task_id"]) for c in paired.contaminated] == [
+        (c["item_id"], c["task_id"]) for c in summary.contaminated]
 
 
 def test_engine_that_drops_samples_is_refused(lake, cfg):

@@ -1,0 +1,184 @@
+"""The cycle's stages as Prefect tasks: each opens the lake, runs its plain stage
+function once per (cycle, stage, round) through `run_stage`, and returns small values
+(counts, version strings), never tables. Tasks that touch the network or the object
+store retry with backoff; compute stages do not (a retry would only repeat the crash).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, replace
+
+import duckdb
+from prefect import task
+
+from storage.config_file import lake_settings
+from storage.lake import open_lake, transaction
+from tasks.curate import CurateConfig, curate
+from tasks.cycle_state import begin_cycle, finish_cycle, run_stage
+from tasks.evaluate import EvalConfig, evaluate_policy
+from tasks.gate import GateConfig, GateDecision, decide
+from tasks.ingest import IngestConfig, discover_sources, ingest_source
+from tasks.model_store import local_model_dir, production_version, publish_model
+from tasks.promote import record_gate
+from tasks.reports import build_report, publish_report
+from tasks.rollout import RolloutConfig, run_rollouts
+from tasks.train import TrainStageConfig, train_policy
+from tasks.verify_stage import VerifyStageConfig, verify_stage
+
+
+@dataclass(frozen=True)
+class CycleConfig:
+    """Every stage's config; flow parameters override the few a run usually changes."""
+
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    curate: CurateConfig = field(default_factory=CurateConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    verify: VerifyStageConfig = field(default_factory=VerifyStageConfig)
+    train: TrainStageConfig = field(default_factory=TrainStageConfig)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+CONFIG = CycleConfig()
+
+
+def _landing(paths: list[str]) -> list[str]:
+    settings = lake_settings()
+    if paths:
+        return paths
+    if settings.uses_s3:
+        return [f"s3://{settings.s3_bucket}/{settings.landing_prefix}"]
+    folder = settings.home / "landing"
+    folder.mkdir(parents=True, exist_ok=True)
+    return [str(folder)] if any(folder.rglob("*.jsonl*")) else []
+
+
+@task(name="begin-cycle", retries=2, retry_delay_seconds=[2, 10])
+def begin_task(cycle_id: str) -> str:
+    """Open (or reopen) the cycle's row; return the production model it starts from."""
+    begin_cycle(cycle_id)
+    with _lake() as con:
+        return production_version(con)
+
+
+@task(name="ingest-landing", retries=2, retry_delay_seconds=[2, 10])
+def ingest_landing_task(cycle_id: str, paths: list[str]) -> dict:
+    def work(con: duckdb.DuckDBPyConnection) -> dict:
+        settings = lake_settings()
+        uris = discover_sources(_landing(paths), settings) if _landing(paths) else []
+        results = [ingest_source(con, settings, uri, CONFIG.ingest, cycle_id) for uri in uris]
+        return {"files": len(results), "skipped": sum(r.skipped for r in results),
+                "rows_ok": sum(r.rows_ok for r in results),
+                "rows_quarantined": sum(r.rows_quarantined for r in results)}
+    return run_stage(cycle_id, "ingest", work)
+
+
+@task(name="curate")
+def curate_task(cycle_id: str) -> dict:
+    return run_stage(cycle_id, "curate", lambda con: dataclasses.asdict(curate(con, CONFIG.curate, cycle_id)))
+
+
+@task(name="rollout", task_run_name="rollout round {round_idx}")
+def rollout_task(cycle_id: str, round_idx: int, policy: str, tasks_per_round: int, samples: int) -> dict:
+    cfg = replace(CONFIG.rollout, tasks_per_round=tasks_per_round,
+                  engine=replace(CONFIG.rollout.engine, n=samples))
+
+    def work(con: duckdb.DuckDBPyConnection) -> dict:
+        model_dir = local_model_dir(lake_settings(), con, policy)
+        return {"rollouts": run_rollouts(con, model_dir, policy, cycle_id, cfg, round_idx)}
+    return run_stage(cycle_id, "rollout", work, round_idx)
+
+
+@task(name="verify", task_run_name="verify round {round_idx}")
+def verify_task(cycle_id: str, round_idx: int) -> dict:
+    return run_stage(cycle_id, "verify", lambda con: verify_stage(con, cycle_id, round_idx, CONFIG.verify),
+                     round_idx)
+
+
+@task(name="train", task_run_name="train round {round_idx}")
+def train_task(cycle_id: str, round_idx: int, policy: str) -> str:
+    """GRPO on the round's verified rollouts; returns the new policy (or `policy` if nothing to learn)."""
+    def work(con: duckdb.DuckDBPyConnection) -> dict:
+        settings = lake_settings()
+        scored = con.execute("SELECT count(*) FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) "
+                             "WHERE r.cycle_id = ? AND r.round = ?", [cycle_id, round_idx]).fetchone()[0]
+        if scored == 0:
+            return {"policy_version": policy, "trained": False}
+        base = local_model_dir(settings, con, policy)
+        version = train_policy(con, base, policy, round_idx, settings.home / "jobs", cycle_id, CONFIG.train)
+        if settings.uses_s3:
+            uri = publish_model(settings, local_model_dir(settings, con, version), version)
+            with transaction(con, message=f"model {version[:12]} stored at {uri}"):
+                con.execute("UPDATE lake.models SET uri = ? WHERE policy_version = ?", [uri, version])
+        steps = con.execute("SELECT count(*), sum(groups_kept), sum(groups_dropped) FROM lake.train_steps "
+                            "WHERE policy_version = ?", [version]).fetchone()
+        return {"policy_version": version, "trained": True, "steps": steps[0],
+                "groups_kept": int(steps[1] or 0), "groups_dropped": int(steps[2] or 0)}
+    return run_stage(cycle_id, "train", work, round_idx)["policy_version"]
+
+
+@task(name="evaluate")
+def evaluate_task(cycle_id: str, candidate: str, production: str, samples: int) -> dict:
+    """Score candidate and production on every eval set; return the gate's decision."""
+    cfg = replace(CONFIG.evaluate, engine=replace(CONFIG.evaluate.engine, n=samples),
+                  k=min(CONFIG.evaluate.k, samples))
+
+    def work(con: duckdb.DuckDBPyConnection) -> dict:
+        if candidate == production:
+            return {"decision": None, "reason": "no new candidate this cycle (nothing was trained)"}
+        settings = lake_settings()
+        cand = evaluate_policy(con, str(local_model_dir(settings, con, candidate)), candidate, cfg, cycle_id)
+        prod = evaluate_policy(con, str(local_model_dir(settings, con, production)), production, cfg, cycle_id,
+                               also_check=(candidate,))
+        decision = decide(cand.item_scores, prod.item_scores, CONFIG.gate)
+        return {"decision": decision.to_dict(), "candidate": cand.headline, "production": prod.headline,
+                "contaminated": len(cand.contaminated)}
+    return run_stage(cycle_id, "evaluate", work)
+
+
+@task(name="promote")
+def promote_task(cycle_id: str, candidate: str, evaluation: dict) -> dict:
+    def work(con: duckdb.DuckDBPyConnection) -> dict:
+        if evaluation.get("decision") is None:
+            return {"promoted": False, "reason": evaluation.get("reason", "no decision")}
+        decision = GateDecision.from_dict(evaluation["decision"])
+        record_gate(con, candidate, decision, cycle_id)
+        return {"promoted": decision.promoted, "reason": decision.reason}
+    return run_stage(cycle_id, "promote", work)
+
+
+@task(name="finish-cycle", retries=2, retry_delay_seconds=[2, 10])
+def finish_task(cycle_id: str) -> dict:
+    return finish_cycle(cycle_id, "completed")
+
+
+@task(name="report")
+def report_task(cycle_id: str) -> str:
+    settings = lake_settings()
+    with _lake() as con:
+        row = con.execute("SELECT counts FROM lake.cycle_stages WHERE cycle_id = ? AND stage = 'evaluate'",
+                          [cycle_id]).fetchone()
+        decision = None
+        if row is not None:
+            import json
+            saved = json.loads(row[0]).get("decision")
+            decision = GateDecision.from_dict(saved) if saved else None
+        report = build_report(con, cycle_id, settings.home, gate=decision)
+    publish_report(report)
+    return str(settings.home / "reports" / cycle_id)
+
+
+def mark_failed(flow, flow_run, state) -> None:
+    """Flow failure hook: the cycle's row says failed, with the reason."""
+    params = (flow_run.parameters or {}).get("params") or {}
+    cycle_id = params.get("cycle_id") or f"cycle-{flow_run.id}"
+    finish_cycle(cycle_id, "failed", reason=(state.message or "failed")[:1000])
+
+
+class _lake:
+    def __enter__(self) -> duckdb.DuckDBPyConnection:
+        self.con = open_lake(lake_settings())
+        return self.con
+
+    def __exit__(self, *exc) -> None:
+        self.con.close()

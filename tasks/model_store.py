@@ -1,0 +1,79 @@
+"""Where model folders live: registered in `models`, stored locally or in the bucket.
+
+A model's `uri` is a local folder or `s3://bucket/models/<version>/`. Generation and
+training need a local folder, so an S3 model is downloaded once into
+FLYWHEEL_HOME/models/<version>. Publishing a trained folder uploads it when the lake
+is on S3, so any worker can load any version.
+"""
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from storage.lake import append_rows, transaction
+from storage.objects import ObjectStore, parse_s3_uri
+from storage.schemas import SCHEMAS
+from storage.settings import LakeSettings
+
+
+class ModelNotFound(LookupError):
+    """No model with that version (or no production model) in the lake."""
+
+
+def folder_version(model_dir: Path) -> str:
+    """Content hash of a Hugging Face folder: the same weights get the same version."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(model_dir).as_posix().encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def publish_model(settings: LakeSettings, model_dir: Path, version: str) -> str:
+    """The uri to record for `model_dir`: uploaded to the bucket when the lake is on S3."""
+    if not settings.uses_s3:
+        return str(Path(model_dir).resolve())
+    return ObjectStore(settings).upload_dir(Path(model_dir), settings.s3_bucket, f"models/{version}")
+
+
+def local_model_dir(settings: LakeSettings, con: duckdb.DuckDBPyConnection, version: str) -> Path:
+    row = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()
+    if row is None:
+        raise ModelNotFound(f"no model {version!r} in the lake (`flywheel model list` shows them)")
+    uri = row[0]
+    if not uri.startswith("s3://"):
+        return Path(uri)
+    cache = settings.home / "models" / version
+    if not (cache / "config.json").exists():
+        bucket, prefix = parse_s3_uri(uri)
+        ObjectStore(settings).download_dir(bucket, prefix, cache)
+    return cache
+
+
+def production_version(con: duckdb.DuckDBPyConnection) -> str:
+    row = con.execute("SELECT policy_version FROM lake.models WHERE status = 'production' "
+                      "ORDER BY created_at DESC LIMIT 1").fetchone()
+    if row is None:
+        raise ModelNotFound("no production model: register one with `flywheel model register DIR` "
+                            "(`make demo` builds and registers the tiny demo model)")
+    return row[0]
+
+
+def register_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_dir: Path,
+                   reason: str, cycle_id: str = "setup") -> str:
+    """Record an existing folder as the production model (the starting point of the loop)."""
+    version = folder_version(model_dir)
+    if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]:
+        return version
+    uri = publish_model(settings, model_dir, version)
+    with transaction(con, message=f"model register {version[:12]}"):
+        con.execute("UPDATE lake.models SET status = 'retired' WHERE status = 'production'")
+        append_rows(con, "models", pa.Table.from_pylist([{
+            "policy_version": version, "parent_version": None, "uri": uri, "status": "production",
+            "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id}],
+            schema=SCHEMAS["models"]))
+    return version

@@ -1,0 +1,100 @@
+"""Train stage: scored rollouts of one round -> DeepSpeed GRPO job -> candidate model.
+
+Exports the round's rollouts joined with their verdicts to a Parquet snapshot (the
+trainer never reads the lake), runs the job through the `deepspeed` launcher
+(trainer.launch), then writes the job's per-step metrics to `train_steps` and the new
+policy to `models` (status `candidate`, with its parent) in one DuckLake commit. The
+policy version is a content hash of (parent, round, rollout ids, config), so a rerun
+of the same round resumes the same job directory and writes nothing twice.
+Not here: uploading the folder to the object store (the `uri` is the local folder).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.lake import append_rows, transaction
+from storage.schemas import SCHEMAS
+from trainer.grpo import GRPOConfig
+from trainer.job import TrainJob, read_metrics, write_job
+from trainer.launch import run_training
+
+
+@dataclass(frozen=True)
+class TrainStageConfig:
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    n_procs: int = 1             # DeepSpeed processes (1-2 on CPU, one per GPU on a GPU worker)
+    device: str = "auto"         # auto | cpu
+    timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.n_procs < 1:
+            raise ValueError("TrainStageConfig.n_procs must be >= 1")
+        if self.device not in ("auto", "cpu"):
+            raise ValueError("TrainStageConfig.device must be 'auto' or 'cpu'")
+
+
+EXPORT_SQL = """
+SELECT r.rollout_id, r.task_id, r.sample_idx, r.prompt_token_ids, r.token_ids, r.logprobs,
+       v.reward, v.status
+FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id)
+WHERE r.policy_version = ? AND r.round = ?
+ORDER BY r.task_id, r.sample_idx
+"""
+
+
+def export_rollouts(con: duckdb.DuckDBPyConnection, policy_version: str, round_idx: int, path: Path) -> pa.Table:
+    table = con.execute(EXPORT_SQL, [policy_version, round_idx]).to_arrow_table()
+    if table.num_rows == 0:
+        raise ValueError(f"no scored rollouts for policy {policy_version} round {round_idx}; "
+                         "run the rollout and verify stages first")
+    pq.write_table(table, path)
+    return table
+
+
+def new_policy_version(parent: str, round_idx: int, rollout_ids: list[str], cfg: TrainStageConfig) -> str:
+    key = json.dumps([parent, round_idx, sorted(rollout_ids), asdict(cfg.grpo)], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def train_step_rows(metrics: list[dict], policy_version: str, cycle_id: str) -> pa.Table:
+    names = [f.name for f in SCHEMAS["train_steps"]]
+    rows = [{**{k: m.get(k) for k in names}, "policy_version": policy_version, "cycle_id": cycle_id}
+            for m in metrics]
+    return pa.Table.from_pylist(rows, schema=SCHEMAS["train_steps"])
+
+
+def model_row(policy_version: str, parent: str, uri: str, cycle_id: str) -> pa.Table:
+    return pa.Table.from_pylist([{
+        "policy_version": policy_version, "parent_version": parent, "uri": uri, "status": "candidate",
+        "reason": "trained by GRPO", "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id}],
+        schema=SCHEMAS["models"])
+
+
+def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_version: str, round_idx: int,
+                 jobs_root: str | Path, cycle_id: str, cfg: TrainStageConfig = TrainStageConfig()) -> str:
+    """Train on the round's rollouts; returns the new candidate's policy_version."""
+    staging = Path(jobs_root) / f"export-{parent_version[:16]}-{round_idx}.parquet"
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    exported = export_rollouts(con, parent_version, round_idx, staging)
+    version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg)
+    known = con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]
+    if known:
+        return version
+    job_dir = Path(jobs_root) / version
+    rollouts = job_dir / "rollouts.parquet"
+    job_dir.mkdir(parents=True, exist_ok=True)
+    staging.replace(rollouts)
+    write_job(job_dir, TrainJob(base_model=str(base_model), rollouts=str(rollouts), config=cfg.grpo))
+    trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s)
+    with transaction(con, f"train {version[:12]} from {parent_version[:12]}"):
+        append_rows(con, "train_steps", train_step_rows(read_metrics(job_dir), version, cycle_id))
+        append_rows(con, "models", model_row(version, parent_version, str(trained), cycle_id))
+    return version

@@ -1,0 +1,58 @@
+"""The cycle's verify stage: every unscored rollout of a round gets one verdict row.
+
+Rollouts are joined to their task for the verifier name and spec, scored through
+`tasks.verify.verify_rollouts` (Dask fan-out, sandboxed code), and written to
+`verdicts` in one commit. Rollouts that already have a verdict are skipped, so a
+rerun writes nothing twice.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from storage.lake import append_rows, transaction
+from storage.schemas import SCHEMAS
+from tasks.verify import verify_row, verify_rollouts
+from verifiers.registry import VerifierConfig
+
+
+@dataclass(frozen=True)
+class VerifyStageConfig:
+    verifiers: VerifierConfig = field(default_factory=VerifierConfig)
+    dask_min_rows: int = 2_000
+    """Below this many rows a Dask cluster costs more to start than it saves; score serially
+    (an external DASK_SCHEDULER_ADDRESS is used whenever rows reach the threshold)."""
+    batch_size: int = 64
+
+
+_PENDING_SQL = """
+SELECT r.rollout_id, t.verifier, t.spec, r.completion
+FROM lake.rollouts r JOIN lake.tasks t USING (task_id)
+WHERE r.cycle_id = ? AND r.round = ?
+  AND r.rollout_id NOT IN (SELECT rollout_id FROM lake.verdicts)
+ORDER BY r.rollout_id
+"""
+
+
+def verify_stage(con: duckdb.DuckDBPyConnection, cycle_id: str, round_: int, cfg: VerifyStageConfig) -> dict:
+    pending = con.execute(_PENDING_SQL, [cycle_id, round_]).fetchall()
+    rows = [{"rollout_id": rid, "verifier": verifier, "spec": json.loads(spec), "completion": completion}
+            for rid, verifier, spec, completion in pending]
+    if len(rows) >= cfg.dask_min_rows:
+        results = verify_rollouts(rows, cfg.verifiers, batch_size=cfg.batch_size, progress=False)
+    else:
+        results = [verify_row(row, cfg.verifiers) for row in rows]
+    table = pa.Table.from_pylist([{
+        "rollout_id": r["rollout_id"], "verifier": r["verifier"], "reward": float(r["reward"]),
+        "passed": bool(r["passed"]), "status": r["status"], "components": json.dumps(r["components"]),
+        "detail": r["detail"], "latency_ms": r.get("latency_ms"), "cycle_id": cycle_id} for r in results],
+        schema=SCHEMAS["verdicts"])
+    with transaction(con, message=f"cycle {cycle_id}: verify round {round_}"):
+        append_rows(con, "verdicts", table)
+    statuses = [r["status"] for r in results]
+    return {"verified": len(results), "passed": sum(bool(r["passed"]) for r in results),
+            "infra_failures": sum(s in ("timeout", "sandbox_error") for s in statuses),
+            "hacking_suspected": statuses.count("hacking_suspected")}
