@@ -4,7 +4,8 @@
     .venv/bin/python bench/webhook.py --webhook http://127.0.0.1:8000 --api http://127.0.0.1:4200/api \
         --secret "$FLYWHEEL_WEBHOOK_SECRET" --requests 200 --json
 
-Without --webhook it starts a Prefect server, registers the deployments and starts
+Without --webhook it starts a Prefect server (on an embedded PostgreSQL, as in
+docker-compose), registers the deployments and starts
 `flywheel webhook` on loopback, then stops them. This process is the load generator
 (threads, one keep-alive connection each). Phases:
 - rejected: bodies signed with a wrong secret (401), the signature check's cost;
@@ -117,10 +118,11 @@ def _summary(phase: dict) -> dict:
 
 def start_stack(stack: ExitStack, workdir: Path, secret: str) -> tuple[str, str]:
     from tests import services
-    from tests.flows.prefect_stack import register_in_process, start_prefect, start_webhook
+    from tests.flows.prefect_stack import register_in_process, start_prefect_on_postgres, start_webhook
 
-    proc, server = start_prefect(workdir / "prefect")
-    stack.callback(services.stop, proc)
+    stoppers, server = start_prefect_on_postgres(workdir)
+    for stop in reversed(stoppers):  # ExitStack unwinds last-in first
+        stack.callback(stop)
     register_in_process(server, workdir)
     hook, url = start_webhook(server, workdir, {"FLYWHEEL_WEBHOOK_SECRET": secret,
                                                 "FLYWHEEL_HOME": str(workdir / "home")})

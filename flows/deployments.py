@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -66,10 +67,24 @@ class IngestParams(BaseModel):
     chunk_lines: int = Field(50_000, ge=1_000, le=1_000_000)
 
 
-class CycleParams(BaseModel):
-    """The cycle reads everything from flywheel.toml; a trigger carries no parameters."""
+class CycleOptions(BaseModel):
+    """Mirror of flows/flywheel.py:CycleParams, so the webhook need not import the cycle
+    (torch, vLLM); `check_params` refuses to register if the two ever differ."""
 
     model_config = ConfigDict(extra="forbid")
+    cycle_id: str | None = None
+    landing: list[str] = Field(default_factory=list)
+    rounds: int = Field(1, ge=1, le=50)
+    tasks_per_round: int = Field(64, ge=1)
+    samples_per_task: int = Field(8, ge=2, le=64)
+    eval_samples: int = Field(8, ge=1, le=64)
+
+
+class CycleParams(BaseModel):
+    """What a caller may pass to `flywheel-cycle`: `{"params": {...}}`, all optional."""
+
+    model_config = ConfigDict(extra="forbid")
+    params: CycleOptions = Field(default_factory=CycleOptions)
 
 
 class EvaluateParams(BaseModel):
@@ -161,6 +176,27 @@ def check_params(spec: DeploymentSpec, flow: Flow) -> None:
         raise DeploymentError(
             f"deployment {spec.name!r}: {spec.flow_path} requires {sorted(missing)} but "
             f"{spec.params.__name__} does not let a caller pass them")
+    hints = typing.get_type_hints(flow.fn)  # resolves `from __future__ import annotations` strings
+    for name in fields:
+        theirs, ours = hints.get(name), spec.params.model_fields[name].annotation
+        if isinstance(theirs, type) and issubclass(theirs, BaseModel):
+            if _shape(theirs) != _shape(ours):
+                raise DeploymentError(
+                    f"deployment {spec.name!r}: parameter {name!r} is {theirs.__name__} in {spec.flow_path} "
+                    f"but {getattr(ours, '__name__', ours)} here has other fields or bounds; update the mirror")
+
+
+def _shape(model: Any) -> Any:
+    """A model's JSON schema without titles and descriptions: fields, types, bounds, defaults."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k not in ("title", "description", "additionalProperties")}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    return strip(model.model_json_schema())
 
 
 def load_deployments(schedule: ScheduleConfig, settings: LakeSettings,

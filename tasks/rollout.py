@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
+from tasks.holdout import is_heldout
 from trainer.engine import EngineConfig, Sample, generate
 
 
@@ -31,6 +32,7 @@ class RolloutConfig:
     # Share of the round given to tasks with a pass rate in (0, 1) when there are enough.
     curriculum: bool = True
     recent_rounds: int = 3  # pass rates look at this many most recent rounds per task
+    heldout_fraction: float = 0.1  # must equal EvalConfig.heldout_fraction
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -79,15 +81,15 @@ def select_tasks(candidates: list[dict], cfg: RolloutConfig) -> list[dict]:
     return chosen
 
 
-def rollout_id(policy_version: str, round_idx: int, task_id: str, sample_idx: int) -> str:
-    key = json.dumps([policy_version, round_idx, task_id, sample_idx])
+def rollout_id(cycle_id: str, policy_version: str, round_idx: int, task_id: str, sample_idx: int) -> str:
+    key = json.dumps([cycle_id, policy_version, round_idx, task_id, sample_idx])
     return hashlib.sha256(key.encode()).hexdigest()
 
 
 def rollout_table(tasks: list[dict], samples: list[Sample], policy_version: str, round_idx: int,
                   cycle_id: str) -> pa.Table:
     rows = [{
-        "rollout_id": rollout_id(policy_version, round_idx, tasks[s.prompt_idx]["task_id"], s.sample_idx),
+        "rollout_id": rollout_id(cycle_id, policy_version, round_idx, tasks[s.prompt_idx]["task_id"], s.sample_idx),
         "task_id": tasks[s.prompt_idx]["task_id"], "policy_version": policy_version, "round": round_idx,
         "sample_idx": s.sample_idx, "completion": s.text, "prompt_token_ids": s.prompt_token_ids,
         "token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason,
@@ -98,12 +100,14 @@ def rollout_table(tasks: list[dict], samples: list[Sample], policy_version: str,
 def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
                  cycle_id: str, cfg: RolloutConfig = RolloutConfig(), round_idx: int = 0) -> int:
     """Sample this round's tasks and append the rollouts; returns rows written (0 on rerun)."""
-    done = con.execute("SELECT count(*) FROM lake.rollouts WHERE policy_version = ? AND round = ?",
-                       [policy_version, round_idx]).fetchone()[0]
+    done = con.execute("SELECT count(*) FROM lake.rollouts WHERE cycle_id = ? AND round = ?",
+                       [cycle_id, round_idx]).fetchone()[0]
     if done:
         return 0
     cols = ["task_id", "domain", "messages", "pass_rate"]
     candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [cfg.recent_rounds]).fetchall()]
+    # held-out tasks are the fresh-failures evaluation set: never trained on
+    candidates = [c for c in candidates if not is_heldout(c["task_id"], cfg.heldout_fraction)]
     tasks = select_tasks(candidates, cfg)
     if not tasks:
         return 0

@@ -45,13 +45,14 @@ EXPORT_SQL = """
 SELECT r.rollout_id, r.task_id, r.sample_idx, r.prompt_token_ids, r.token_ids, r.logprobs,
        v.reward, v.status
 FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id)
-WHERE r.policy_version = ? AND r.round = ?
+WHERE r.policy_version = ? AND r.round = ? AND r.cycle_id = ?
 ORDER BY r.task_id, r.sample_idx
 """
 
 
-def export_rollouts(con: duckdb.DuckDBPyConnection, policy_version: str, round_idx: int, path: Path) -> pa.Table:
-    table = con.execute(EXPORT_SQL, [policy_version, round_idx]).to_arrow_table()
+def export_rollouts(con: duckdb.DuckDBPyConnection, policy_version: str, round_idx: int, path: Path,
+                    cycle_id: str) -> pa.Table:
+    table = con.execute(EXPORT_SQL, [policy_version, round_idx, cycle_id]).to_arrow_table()
     if table.num_rows == 0:
         raise ValueError(f"no scored rollouts for policy {policy_version} round {round_idx}; "
                          "run the rollout and verify stages first")
@@ -83,7 +84,7 @@ def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_
     """Train on the round's rollouts; returns the new candidate's policy_version."""
     staging = Path(jobs_root) / f"export-{parent_version[:16]}-{round_idx}.parquet"
     staging.parent.mkdir(parents=True, exist_ok=True)
-    exported = export_rollouts(con, parent_version, round_idx, staging)
+    exported = export_rollouts(con, parent_version, round_idx, staging, cycle_id)
     version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg)
     known = con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]
     if known:

@@ -59,7 +59,7 @@ def run(job_dir: Path) -> None:
     start = resume(engine, job, job_dir, rank)
     for step in range(start, cfg.steps):
         sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
-        sums = reduce_sums(sums)
+        sums = reduce_sums(sums, engine.device)
         if rank == 0:
             append_metrics(metrics_path(job_dir), step_metrics(step, sums, groups, cfg, seconds))
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
@@ -93,10 +93,11 @@ def resume(engine, job: TrainJob, job_dir: Path, rank: int) -> int:
     return step
 
 
-def reduce_sums(sums: dict[str, float]) -> dict[str, float]:
-    t = torch.tensor([sums[k] for k in SUM_KEYS], dtype=torch.float64)
+def reduce_sums(sums: dict[str, float], device) -> dict[str, float]:
+    # On the rank's device: NCCL cannot reduce CPU tensors.
+    t = torch.tensor([sums[k] for k in SUM_KEYS], dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return dict(zip(SUM_KEYS, t.tolist()))
+    return dict(zip(SUM_KEYS, t.cpu().tolist()))
 
 
 def export_model(engine, job: TrainJob, job_dir: Path, tag: str, rank: int) -> None:

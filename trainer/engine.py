@@ -93,7 +93,9 @@ def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -
         job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
         job.write_text(json.dumps({"model_dir": str(model_dir), "prompt_token_ids": prompt_ids,
                                    "config": asdict(cfg)}))
-        env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false")
+        root = str(Path(__file__).resolve().parent.parent)  # so `-m trainer.vllm_worker` resolves
+        env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false",
+                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         with log.open("w") as log_file:
             try:
                 proc = subprocess.run(

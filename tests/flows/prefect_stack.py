@@ -28,19 +28,25 @@ class PrefectServer:
 def prefect_env(home: Path, api_url: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1",
-               PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING")
+               PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED="false", PREFECT_LOGGING_LEVEL="WARNING",
+               # runs the tests create are never picked up; marking them Late only adds writes
+               PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED="false")
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
 
 
-def start_prefect(home: Path) -> tuple[subprocess.Popen, PrefectServer]:
+def start_prefect(home: Path, database_url: str = "") -> tuple[subprocess.Popen, PrefectServer]:
+    """database_url: e.g. postgresql+asyncpg://...; empty = SQLite in home, which answers
+    "database is locked" under concurrent run creation, so load tests use PostgreSQL."""
     port = services.free_port()
     home.mkdir(parents=True, exist_ok=True)
     prefect = str(Path(sys.executable).parent / "prefect")
     log = open(home / "server.log", "wb")
     # the UI (a browser app) calls the API at PREFECT_UI_API_URL, which must name our port
     env = {**prefect_env(home), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    if database_url:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database_url
     proc = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     api_url = f"http://127.0.0.1:{port}/api"
@@ -58,6 +64,18 @@ def start_prefect(home: Path) -> tuple[subprocess.Popen, PrefectServer]:
     raise RuntimeError(f"prefect server not healthy after 120s:\n{(home / 'server.log').read_text()[-3000:]}")
 
 
+
+
+def start_prefect_on_postgres(workdir: Path) -> tuple[list, PrefectServer]:
+    """A Prefect server on an embedded PostgreSQL (as in docker-compose); returns (stoppers, server)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    pg, _ = services.start_postgres(workdir / "pg")
+    try:
+        proc, server = start_prefect(workdir / "prefect", f"postgresql+asyncpg://postgres@/postgres?host={workdir / 'pg'}")
+    except BaseException:
+        pg.cleanup()
+        raise
+    return [lambda: services.stop(proc), pg.cleanup], server
 
 
 def flywheel_bin() -> str:

@@ -91,7 +91,7 @@ def test_a_missing_flow_module_is_skipped_but_a_broken_one_is_not(monkeypatch, t
 
 
 def test_a_parameter_model_that_disagrees_with_its_flow_is_refused():
-    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=deployments.CycleParams)
+    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=deployments.EvaluateParams)
     with pytest.raises(deployments.DeploymentError, match="requires \\['paths'\\]"):
         deployments.load_flow(spec)
 
@@ -101,3 +101,34 @@ def test_ingest_params_mirror_the_flow():
 
     deployments.check_params(DEPLOYMENTS["ingest"], ingest_flow)
     assert IngestParams(paths=["a"]).chunk_lines == 50_000
+
+
+needs_cycle = pytest.mark.skipif(importlib.util.find_spec("flows.flywheel") is None,
+                                 reason="flows/flywheel.py not built yet")
+
+
+@needs_cycle
+def test_the_cycle_parameter_mirror_matches_the_cycle_flow():
+    from flows.flywheel import flywheel_cycle
+
+    deployments.check_params(DEPLOYMENTS["flywheel-cycle"], flywheel_cycle)
+
+
+@needs_cycle
+def test_a_drifted_mirror_is_refused():
+    from pydantic import BaseModel, Field
+
+    class Drifted(deployments.CycleOptions):
+        rounds: int = Field(1, ge=1, le=99)
+
+    class Wrapper(BaseModel):
+        params: Drifted = Field(default_factory=Drifted)
+
+    with pytest.raises(deployments.DeploymentError, match="update the mirror"):
+        deployments.load_flow(dataclasses.replace(DEPLOYMENTS["flywheel-cycle"], params=Wrapper))
+
+
+def test_a_parameter_model_naming_what_the_flow_lacks_is_refused():
+    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=deployments.CycleParams)
+    with pytest.raises(deployments.DeploymentError, match="does not accept"):
+        deployments.load_flow(spec)

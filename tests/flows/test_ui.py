@@ -5,6 +5,7 @@ Needs Debian's `chromium` (`apt-get install -y chromium`); skipped without it.
 from __future__ import annotations
 
 import html
+import importlib.util
 import re
 import shutil
 import struct
@@ -45,4 +46,19 @@ def test_the_deployment_page_shows_its_name_and_schedule(prefect_server, tmp_pat
     header = png.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", header[16:24]) == (1400, 900)
     assert png.stat().st_size > 30_000  # a rendered page, not a blank frame
+    print(f"screenshot: {png}")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flows.flywheel") is None, reason="flows/flywheel.py not built yet")
+def test_the_cycle_page_shows_its_cron_in_words(prefect_server, tmp_path):
+    register_in_process(prefect_server, tmp_path, ScheduleConfig(cycle_cron="30 4 * * 1-5"))
+    found = httpx.post(f"{prefect_server.api_url}/deployments/filter",
+                       json={"deployments": {"name": {"any_": ["flywheel-cycle"]}}}).json()
+    url = f"{prefect_server.ui_url}/deployments/deployment/{found[0]['id']}"
+    dom = chromium(url, tmp_path / "profile", "--dump-dom")
+    text = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", dom.stdout)))
+    assert "Deployments flywheel-cycle" in text and "Work Pool gpu" in text, text[:2000]
+    assert "At 04:30 AM, Monday through Friday" in text, text[:3000]
+    png = tmp_path / "cycle.png"
+    chromium(url, tmp_path / "profile", f"--screenshot={png}")
     print(f"screenshot: {png}")

@@ -5,11 +5,14 @@ replays are checked to create exactly one.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -20,6 +23,7 @@ from tests.flows.prefect_stack import count_runs, read_runs, register_in_process
 
 OLD, NEW = "old-secret-0123456789abcdef", "new-secret-0123456789abcdef"
 TOKEN = "minio-token-0123456789abcdef"
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {"FLYWHEEL_WEBHOOK_SECRET": f"{OLD},{NEW}", "FLYWHEEL_WEBHOOK_TOKEN": TOKEN}
 
 # The README's example, verbatim apart from the variables the test sets.
@@ -197,3 +201,28 @@ def test_the_readme_curl_example_triggers_a_run(prefect_server, hook):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["flow_run_id"]
     assert count_runs(prefect_server) == before + 1
+
+
+def test_load_from_a_second_process_loses_and_duplicates_nothing(prefect_server, hook):
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "webhook.py"), "--webhook", hook["url"],
+                           "--api", prefect_server.api_url, "--secret", NEW, "--requests", "60",
+                           "--concurrency", "8", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["rejected"]["statuses"] == [401] and result["accepted"]["statuses"] == [202]
+    assert result["lost"] == result["duplicated"] == 0 and result["runs_read_back_intact"] == 60
+    assert result["runs_created_by_replays"] == 1 and result["replay_distinct_answers"] == 1
+    print({phase: (round(result[phase]["rps"], 1), round(result[phase]["p99_ms"], 1))
+           for phase in ("rejected", "accepted", "replayed", "prefect_direct")})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flows.flywheel") is None, reason="flows/flywheel.py not built yet")
+def test_the_cycle_is_triggered_with_validated_options(prefect_server, hook):
+    before = count_runs(prefect_server)
+    assert post(hook["url"], "flywheel-cycle", {"params": {"rounds": 0}}).status_code == 422
+    assert post(hook["url"], "flywheel-cycle", {"rounds": 2}).status_code == 422
+    assert count_runs(prefect_server) == before
+    resp = post(hook["url"], "flywheel-cycle", {"params": {"rounds": 2, "cycle_id": "from-webhook"}})
+    assert resp.status_code == 202, resp.text
+    (run,) = read_runs(prefect_server, [resp.json()["flow_run_id"]])
+    assert run["parameters"] == {"params": {"rounds": 2, "cycle_id": "from-webhook"}}

@@ -1,0 +1,159 @@
+"""The whole cycle under a Prefect test server, on a tiny configuration.
+
+A tiny model (briefly SFT-warmed on additions), one evaluation set, and a landing
+file of failure logs with a leak and a broken line go through every stage; every
+table fills, artifacts appear, a rerun resumes instead of redoing, and a cycle
+killed mid-stage completes on rerun without duplicate rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+
+import pytest
+
+from storage.lake import open_lake
+from storage.settings import LakeSettings
+
+pytestmark = pytest.mark.slow
+
+TABLES = ("ingest_batches", "failure_logs", "quarantine", "eval_items", "tasks", "decisions", "rollouts",
+          "verdicts", "train_steps", "models", "evaluations", "cycles", "cycle_stages", "minhash_signatures")
+
+# The cycle's configuration for tests: small and quick. The transformers engine stands
+# in for vLLM's process start-up (vLLM itself is covered by tests/trainer/test_engine.py).
+SMALL_CONFIG = textwrap.dedent("""
+    from dataclasses import replace
+    from tasks import cycle_tasks as ct
+    from trainer.engine import EngineConfig
+    engine = EngineConfig(backend="transformers", n=4, max_tokens=6, temperature=1.0)
+    ct.CONFIG = replace(ct.CONFIG,
+        rollout=replace(ct.CONFIG.rollout, tasks_per_round=12, engine=engine),
+        train=replace(ct.CONFIG.train, grpo=replace(ct.CONFIG.train.grpo, steps=2, groups_per_step=4,
+                                                    max_tokens=6, checkpoint_every=1)),
+        evaluate=replace(ct.CONFIG.evaluate, engine=replace(engine, n=2), k=2))
+""")
+
+
+def _log(i: int, a: int, b: int) -> dict:
+    return {"id": f"req-{i}", "ts": "2026-11-30T12:00:00Z", "model": "policy-v0", "domain": "math",
+            "messages": [{"role": "user", "content": f"What is {a}+{b}?"}], "response": str(a + b + 1),
+            "failure": {"kind": "wrong_answer"}, "reference": {"answer": str(a + b)}}
+
+
+@pytest.fixture(scope="module")
+def cycle_home(tmp_path_factory):
+    """A lake with a production model, an eval set and one landing file."""
+    from tasks.evalsets import register_evalset
+    from tasks.model_store import register_model
+    from trainer.model import init_model
+    from trainer.sft import SFTConfig, run_sft
+
+    home = tmp_path_factory.mktemp("cycle") / "home"
+    settings = LakeSettings(home=home)
+    rng = random.Random(5)
+    pairs = {(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(400)}
+    train, held = sorted(pairs)[:360], sorted(pairs)[360:380]
+    sft = home / "sft.jsonl"
+    home.mkdir(parents=True)
+    sft.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "completion": str(a + b)}) + "\n"
+                           for a, b in train))
+    run_sft(init_model(home / "init"), sft, home / "sft-model", SFTConfig(steps=60, batch_size=64))
+    evalset = home / "arith.jsonl"
+    evalset.write_text("".join(json.dumps({"id": f"e{i}", "domain": "math", "prompt": f"What is {a}+{b}?",
+                                           "reference": {"answer": str(a + b)}}) + "\n" for i, (a, b) in enumerate(held)))
+    landing = home / "landing"
+    landing.mkdir()
+    logs = [_log(i, a, b) for i, (a, b) in enumerate(train[:40])]
+    leak = {**_log(99, *held[0]), "messages": [{"role": "user", "content": f"WHAT   IS {held[0][0]}+{held[0][1]}?"}]}
+    (landing / "traffic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logs + [leak]) + "{broken\n")
+    con = open_lake(settings)
+    register_evalset(con, "arith", evalset)
+    register_model(con, settings, home / "sft-model", "test: tiny SFT model")
+    con.close()
+    return home
+
+
+def _counts(home) -> dict[str, int]:
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM lake.{t}").fetchone()[0] for t in TABLES}
+    finally:
+        con.close()
+
+
+def test_a_cycle_fills_every_table_and_publishes_artifacts(cycle_home, monkeypatch):
+    from prefect.testing.utilities import prefect_test_harness
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(cycle_home))
+    exec(SMALL_CONFIG, {})
+    from flows.flywheel import CycleParams, flywheel_cycle
+
+    with prefect_test_harness(server_startup_timeout=120):
+        summary = flywheel_cycle(CycleParams(cycle_id="t1", rounds=1))
+        from prefect.client.orchestration import get_client
+
+        async def keys():
+            async with get_client() as client:
+                return {a.key for a in await client.read_artifacts()}
+        import asyncio
+
+        artifact_keys = asyncio.run(keys())
+        assert summary["status"] == "completed"
+        counts = _counts(cycle_home)
+        assert all(counts[t] > 0 for t in TABLES), counts
+        assert {"flywheel-funnel", "flywheel-evaluation"} <= artifact_keys
+        con = open_lake(LakeSettings(home=cycle_home), read_only=True)
+        decisions = dict(con.execute("SELECT decision, count(*) FROM lake.decisions GROUP BY 1").fetchall())
+        assert decisions.get("contaminated") == 1 and decisions.get("kept") == 40
+        assert con.execute("SELECT status, snapshot_id IS NOT NULL FROM lake.cycles WHERE cycle_id = 't1'"
+                           ).fetchone() == ("completed", True)
+        con.close()
+        # the same cycle again resumes: every stage is skipped, nothing is written twice
+        again = flywheel_cycle(CycleParams(cycle_id="t1", rounds=1))
+        assert again["status"] == "completed"
+        after = _counts(cycle_home)
+        assert {t: after[t] for t in TABLES if t != "cycles"} == {t: counts[t] for t in TABLES if t != "cycles"}
+        assert (cycle_home / "reports" / "t1" / "summary.md").exists()
+
+
+_RUN_CYCLE = SMALL_CONFIG + textwrap.dedent("""
+    import sys
+    from flows.flywheel import CycleParams, flywheel_cycle
+    print(flywheel_cycle(CycleParams(cycle_id=sys.argv[1], rounds=1)))
+""")
+
+
+def test_a_cycle_killed_mid_stage_completes_on_rerun_without_duplicates(cycle_home):
+    env = {**os.environ, "FLYWHEEL_HOME": str(cycle_home)}
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_CYCLE, "t2"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    stages: list = []
+    while "verify" not in stages:  # kill while training (rollouts and verdicts committed)
+        assert proc.poll() is None, "the cycle ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+        con = open_lake(LakeSettings(home=cycle_home), read_only=True)
+        stages = [r[0] for r in con.execute("SELECT stage FROM lake.cycle_stages WHERE cycle_id = 't2'").fetchall()]
+        con.close()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    rerun = subprocess.run([sys.executable, "-c", _RUN_CYCLE, "t2"], env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    con = open_lake(LakeSettings(home=cycle_home), read_only=True)
+    for table, key in (("rollouts", "rollout_id"), ("verdicts", "rollout_id"), ("tasks", "task_id"),
+                       ("decisions", "log_id"), ("evaluations", "policy_version, item_id, sample_idx, cycle_id")):
+        total, distinct = con.execute(f"SELECT count(*), count(DISTINCT ({key})) FROM lake.{table}").fetchone()
+        assert total == distinct, table
+    assert con.execute("SELECT status FROM lake.cycles WHERE cycle_id = 't2'").fetchone()[0] == "completed"
+    stage_rows = con.execute("SELECT stage, count(*) FROM lake.cycle_stages WHERE cycle_id = 't2' GROUP BY 1").fetchall()
+    assert all(n == 1 for _, n in stage_rows)
