@@ -17,14 +17,18 @@ export DO_NOT_TRACK := 1
 demo: install
 	$(VENV)/bin/flywheel demo
 
+# One OpenMP thread per process: tests run many processes at once (Dask workers,
+# sandboxes, DeepSpeed ranks) and spinning OpenMP threads slow torch badly on 2 cores.
 test: install
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
 install: system $(STAMP)
 
-# bubblewrap isolates verifier code; apt only runs when it is missing.
+# bubblewrap isolates verifier code; chromium takes the UI test's screenshots.
+# apt only runs when one is missing.
 system:
-	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; }
+	@command -v bwrap >/dev/null && command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap chromium; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

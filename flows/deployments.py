@@ -26,6 +26,7 @@ from prefect.client.schemas.schedules import CronSchedule
 from prefect.schedules import Cron, Interval, Schedule
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flows.cycle_params import CycleParams as CycleParams_
 from storage.settings import LakeSettings
 
 log = logging.getLogger("flywheel.deployments")
@@ -67,17 +68,8 @@ class IngestParams(BaseModel):
     chunk_lines: int = Field(50_000, ge=1_000, le=1_000_000)
 
 
-class CycleOptions(BaseModel):
-    """Mirror of flows/flywheel.py:CycleParams, so the webhook need not import the cycle
-    (torch, vLLM); `check_params` refuses to register if the two ever differ."""
-
-    model_config = ConfigDict(extra="forbid")
-    cycle_id: str | None = None
-    landing: list[str] = Field(default_factory=list)
-    rounds: int = Field(1, ge=1, le=50)
-    tasks_per_round: int = Field(64, ge=1)
-    samples_per_task: int = Field(8, ge=2, le=64)
-    eval_samples: int = Field(8, ge=1, le=64)
+# The cycle flow's own parameter model, imported from a module without torch or vLLM.
+CycleOptions = CycleParams_
 
 
 class CycleParams(BaseModel):

@@ -12,23 +12,11 @@ from __future__ import annotations
 
 from prefect import flow
 from prefect.runtime import flow_run
-from pydantic import BaseModel, Field
 
+from flows.cycle_params import CycleParams
 from tasks.cycle_tasks import (begin_task, curate_task, evaluate_task, finish_task, ingest_landing_task,
                                mark_failed, promote_task, report_task, rollout_task, train_task,
                                verify_task)
-
-
-class CycleParams(BaseModel):
-    """What one cycle does; validated by Prefect when a run is created (UI, webhook, CLI)."""
-
-    cycle_id: str | None = Field(None, description="Reuse to resume a failed cycle; default: a new id.")
-    landing: list[str] = Field(default_factory=list,
-                               description="Files, folders or s3:// prefixes; default: the configured landing.")
-    rounds: int = Field(1, ge=1, le=50, description="rollout -> verify -> train rounds.")
-    tasks_per_round: int = Field(64, ge=1)
-    samples_per_task: int = Field(8, ge=2, le=64, description="G, the GRPO group size.")
-    eval_samples: int = Field(8, ge=1, le=64)
 
 
 @flow(name="flywheel-cycle", on_failure=[mark_failed], log_prints=True)

@@ -48,9 +48,9 @@ def _landing(paths: list[str]) -> list[str]:
         return paths
     if settings.uses_s3:
         return [f"s3://{settings.s3_bucket}/{settings.landing_prefix}"]
-    folder = settings.home / "landing"
+    folder = settings.home / settings.landing_prefix
     folder.mkdir(parents=True, exist_ok=True)
-    return [str(folder)] if any(folder.rglob("*.jsonl*")) else []
+    return [str(folder)]
 
 
 @task(name="begin-cycle", retries=2, retry_delay_seconds=[2, 10])
@@ -65,7 +65,7 @@ def begin_task(cycle_id: str) -> str:
 def ingest_landing_task(cycle_id: str, paths: list[str]) -> dict:
     def work(con: duckdb.DuckDBPyConnection) -> dict:
         settings = lake_settings()
-        uris = discover_sources(_landing(paths), settings) if _landing(paths) else []
+        uris = discover_sources(_landing(paths), settings, allow_empty=True)
         results = [ingest_source(con, settings, uri, CONFIG.ingest, cycle_id) for uri in uris]
         return {"files": len(results), "skipped": sum(r.skipped for r in results),
                 "rows_ok": sum(r.rows_ok for r in results),

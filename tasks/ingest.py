@@ -68,21 +68,22 @@ class BatchResult:
     seconds: float
 
 
-def discover_sources(paths: list[str], settings: LakeSettings) -> list[str]:
-    """Expand files, folders and s3:// prefixes into a sorted list of file URIs."""
+def discover_sources(paths: list[str], settings: LakeSettings, *, allow_empty: bool = False) -> list[str]:
+    """Expand files, folders and s3:// keys or prefixes into a sorted list of file URIs.
+
+    An s3:// URI naming one object is that object alone (bucket notifications name
+    exactly the new files); otherwise it is a prefix. A folder or prefix holding no
+    log files is an error unless `allow_empty` (a scheduled ingest finding nothing new).
+    """
     found: list[str] = []
     for item in paths:
         if item.startswith("s3://"):
-            bucket, prefix = parse_s3_uri(item)
-            keys = [o.key for o in ObjectStore(settings).list(bucket, prefix) if o.key.endswith(_SUFFIXES)]
-            if not keys:
-                raise IngestError(f"{item}: no .jsonl or .jsonl.gz objects under this prefix")
-            found += [f"s3://{bucket}/{key}" for key in sorted(keys)]
+            found += _discover_s3(item, settings, allow_empty)
             continue
         path = Path(item)
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES))
-            if not files:
+            if not files and not allow_empty:
                 raise IngestError(f"{item}: folder holds no .jsonl or .jsonl.gz files")
             found += [str(p.resolve()) for p in files]
         elif path.is_file():
@@ -90,6 +91,17 @@ def discover_sources(paths: list[str], settings: LakeSettings) -> list[str]:
         else:
             raise IngestError(f"{item}: no such file or folder")
     return found
+
+
+def _discover_s3(uri: str, settings: LakeSettings, allow_empty: bool) -> list[str]:
+    bucket, prefix = parse_s3_uri(uri)
+    keys = [o.key for o in ObjectStore(settings).list(bucket, prefix)]
+    if prefix in keys:
+        return [uri]
+    logs = sorted(k for k in keys if k.endswith(_SUFFIXES))
+    if not logs and not allow_empty:
+        raise IngestError(f"{uri}: no .jsonl or .jsonl.gz objects under this prefix")
+    return [f"s3://{bucket}/{key}" for key in logs]
 
 
 def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: str,
@@ -287,4 +299,4 @@ def ingest_file_task(uri: str, cfg: IngestConfig, cycle_id: str) -> dict:
 
 @task(name="discover-landing", retries=2, retry_delay_seconds=[2, 10])
 def discover_task(paths: list[str]) -> list[str]:
-    return discover_sources(paths, lake_settings())
+    return discover_sources(paths, lake_settings(), allow_empty=True)

@@ -212,3 +212,15 @@ def test_demo_data_malformed_lines_are_all_caught_and_nothing_else(lake_settings
     assert got == planted
     logged = manifest.logs - len(manifest.malformed)
     assert con.execute("SELECT count(*) FROM lake.failure_logs").fetchone()[0] == logged
+
+
+def test_an_s3_uri_naming_one_object_is_that_object_alone(s3_lake_settings, tmp_path):
+    store = ObjectStore(s3_lake_settings)
+    store.ensure_bucket()
+    bucket = s3_lake_settings.s3_bucket
+    store.upload(write_logs(tmp_path / "x.jsonl", 3), bucket, "landing/x.jsonl")
+    store.upload(write_logs(tmp_path / "x.jsonl.gz", 3, seed=1), bucket, "landing/x.jsonl.gz")
+    assert discover_sources([f"s3://{bucket}/landing/x.jsonl"], s3_lake_settings) == [f"s3://{bucket}/landing/x.jsonl"]
+    assert discover_sources([f"s3://{bucket}/nothing/"], s3_lake_settings, allow_empty=True) == []
+    with pytest.raises(IngestError, match="no .jsonl"):
+        discover_sources([f"s3://{bucket}/nothing/"], s3_lake_settings)
