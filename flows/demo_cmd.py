@@ -16,6 +16,7 @@ def demo_command(
     cycles: Annotated[int, typer.Option(min=1, max=10)] = 3,
     requests: Annotated[int, typer.Option(min=50, help="Production requests served per cycle.")] = 400,
     rounds: Annotated[int, typer.Option(min=1, help="rollout -> verify -> train rounds per cycle.")] = 2,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-up steps of the tiny model.")] = 800,
 ) -> None:
     """Show the flywheel turning: serve, log failures, train, evaluate, promote — 3 times."""
     if home.exists():
@@ -25,7 +26,7 @@ def demo_command(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.demo import DemoConfig, demo_flow
 
-    rows = demo_flow(DemoConfig(cycles=cycles, requests=requests, rounds=rounds))
+    rows = demo_flow(DemoConfig(cycles=cycles, requests=requests, rounds=rounds, sft_steps=sft_steps))
     print_demo_table(rows, home)
 
 

@@ -35,7 +35,7 @@ class LakeSettings:
     """Key prefix of the lake's Parquet files inside the bucket."""
     landing_prefix: str = "landing/"
     """Key prefix where serving stacks drop failure logs."""
-    duckdb_memory_limit: str = "512MB"
+    duckdb_memory_limit: str = "256MB"
     """DuckDB's buffer pool cap per connection; with Python's own ~0.4 GB this keeps
     an ingest of any file size under 1 GB resident."""
     duckdb_threads: int = 2

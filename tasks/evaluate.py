@@ -281,6 +281,9 @@ def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_versi
     the same clean items (the gate pairs items either way).
     """
     items = registered_items(con) + fresh_items(con, cfg, cycle_id)
+    if items and generate is engine.generate:  # items longer than the model's context cannot be scored
+        fits = engine.prompt_fits(model_dir, [i.messages for i in items], cfg.engine)
+        items = [item for item, ok in zip(items, fits, strict=True) if ok]
     train = training_tasks(con, policy_version, *also_check)
     contaminated = find_contaminated(items, train, cfg.decontam)
     rows: list[dict] = []

@@ -22,7 +22,7 @@ import pyarrow as pa
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
 from tasks.holdout import is_heldout
-from trainer.engine import EngineConfig, Sample, generate
+from trainer.engine import EngineConfig, Sample, generate, prompt_fits
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,9 @@ def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
     candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [cfg.recent_rounds]).fetchall()]
     # held-out tasks are the fresh-failures evaluation set: never trained on
     candidates = [c for c in candidates if not is_heldout(c["task_id"], cfg.heldout_fraction)]
-    tasks = select_tasks(candidates, cfg)
+    # a prompt longer than the model's context would fail vLLM's whole batch
+    fits = prompt_fits(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine)
+    tasks = select_tasks([c for c, ok in zip(candidates, fits, strict=True) if ok], cfg)
     if not tasks:
         return 0
     samples = generate(model_dir, [json.loads(t["messages"]) for t in tasks], cfg.engine)

@@ -20,7 +20,7 @@ from pathlib import Path
 from tasks.demo_domains import sample_task
 from tasks.demo_planting import MALFORMED_KINDS, REFORMAT_KINDS, malformed_line, near_duplicate, reformat
 from tasks.verify import verify_rows
-from trainer.engine import EngineConfig, generate
+from trainer.engine import EngineConfig, generate, prompt_fits
 from verifiers.registry import VerifierConfig
 
 
@@ -68,11 +68,15 @@ def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed
                   verifiers: VerifierConfig, eval_items: list[dict]) -> TrafficResult:
     """Answer `cfg.requests` fresh tasks with the model; log the failures."""
     rng = random.Random(f"flywheel-traffic:{seed}")
-    tasks = [sample_task("math" if rng.random() < cfg.math_share else rng.choice(("code", "json")), rng)
-             for _ in range(cfg.requests)]
+    engine = EngineConfig(n=1, temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=seed)
+    tasks: list[dict] = []
+    while len(tasks) < cfg.requests:  # requests the model's context can hold
+        drawn = [sample_task("math" if rng.random() < cfg.math_share else rng.choice(("code", "json")), rng)
+                 for _ in range(cfg.requests - len(tasks))]
+        fits = prompt_fits(model_dir, [[{"role": "user", "content": t["prompt"]}] for t in drawn], engine)
+        tasks += [t for t, ok in zip(drawn, fits, strict=True) if ok]
     prompts = [[{"role": "user", "content": t["prompt"]}] for t in tasks]
-    samples = generate(model_dir, prompts, EngineConfig(n=1, temperature=cfg.temperature,
-                                                        max_tokens=cfg.max_tokens, seed=seed))
+    samples = generate(model_dir, prompts, engine)
     rows = [{"verifier": verifiers.verifier_for(t["domain"]), "spec": t["reference"], "completion": s.text}
             for t, s in zip(tasks, samples, strict=True)]
     verdicts = verify_rows(rows, verifiers)

@@ -77,6 +77,16 @@ def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) 
     return generate_transformers(Path(model_dir), prompts, cfg)
 
 
+def prompt_fits(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) -> list[bool]:
+    """Whether each prompt leaves room for cfg.max_tokens within cfg.max_model_len.
+
+    vLLM refuses a whole batch when one prompt is too long, so callers keep only the
+    prompts that fit (and say how many they left out) instead of losing the batch.
+    """
+    room = cfg.max_model_len - cfg.max_tokens
+    return [len(ids) <= room for ids in encode_prompts(Path(model_dir), prompts)]
+
+
 def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
     """Apply the model's chat template, ending with the assistant turn's opening."""
     from transformers import AutoTokenizer

@@ -179,7 +179,8 @@ def test_a_million_lines_ingest_in_bounded_memory(lake_settings, tmp_path):
         for i in range(1_000_000):
             handle.write(line.replace('"req-0-0"', f'"req-{i}"').replace("ticket 0-0", f"ticket {i}") + "\n")
     script = _KILLABLE + "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
-    out = subprocess.run([sys.executable, "-c", script, str(lake_settings.home), str(path), "50000"],
+    out = subprocess.run([sys.executable, "-c", script, str(lake_settings.home), str(path),
+                          str(IngestConfig().chunk_lines)],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out[-4:-1] == ["1000000", "0", "False"]
     peak_mb = int(out[-1]) / 1024
