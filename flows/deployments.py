@@ -65,7 +65,7 @@ class IngestParams(BaseModel):
     paths: list[str] = Field(min_length=1, max_length=10_000,
                              description="Files, folders or s3://bucket/prefix URIs to ingest.")
     cycle_id: str = Field("manual", min_length=1, max_length=200)
-    chunk_lines: int = Field(50_000, ge=1_000, le=1_000_000)
+    chunk_lines: int = Field(20_000, ge=1_000, le=1_000_000)
 
 
 # The cycle flow's own parameter model, imported from a module without torch or vLLM.

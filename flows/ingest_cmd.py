@@ -15,7 +15,7 @@ from tasks.ingest import IngestError, discover_sources
 def ingest_command(
     paths: Annotated[list[str], typer.Argument(help="Files (.jsonl, .jsonl.gz), folders, or s3://bucket/prefix URIs.")],
     cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
-    chunk_lines: Annotated[int, typer.Option(help="Lines validated and written per step.")] = 50_000,
+    chunk_lines: Annotated[int, typer.Option(help="Lines validated and written per step.")] = 20_000,
 ) -> None:
     """Validate failure logs and land them in the lake; bad lines go to quarantine."""
     console = Console()

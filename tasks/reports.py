@@ -11,7 +11,7 @@ where the UI runs beside the files) and, embedded as data URIs, inside the markd
 
 Numbers follow tasks.evaluate: samples with infrastructure verdicts (timeout,
 sandbox_error) are not counted, an item's score is its pass rate, pass@1 is the mean
-over items; contaminated rows are left out once `evaluations` has that column.
+over items; contaminated rows are left out.
 Not here: deciding anything; charts are drawn with matplotlib's Agg backend (no display).
 """
 from __future__ import annotations
@@ -29,12 +29,12 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window: reports run in workers without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from storage.schemas import SCHEMAS  # noqa: E402
 from tasks.gate import GateConfig, GateDecision, bootstrap_ci  # noqa: E402
 
 _JUDGED = "status NOT IN ('timeout', 'sandbox_error')"
-# Until storage/schemas.py has evaluations.contaminated, every row counts.
-_CLEAN = "NOT contaminated" if "contaminated" in SCHEMAS["evaluations"].names else "TRUE"
+# Contaminated items are scored but never counted; rows written before the flag
+# existed (NULL) count as clean.
+_CLEAN = "contaminated IS NOT TRUE"
 
 
 @dataclass(frozen=True)

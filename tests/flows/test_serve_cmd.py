@@ -100,7 +100,10 @@ def test_ingest_params_mirror_the_flow():
     from flows.ingest import ingest_flow
 
     deployments.check_params(DEPLOYMENTS["ingest"], ingest_flow)
-    assert IngestParams(paths=["a"]).chunk_lines == 50_000
+    import inspect
+
+    flow_default = inspect.signature(ingest_flow.fn).parameters["chunk_lines"].default
+    assert IngestParams(paths=["a"]).chunk_lines == flow_default
 
 
 needs_cycle = pytest.mark.skipif(importlib.util.find_spec("flows.flywheel") is None,

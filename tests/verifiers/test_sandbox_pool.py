@@ -25,9 +25,19 @@ def _fresh_pool():
 
 
 def _zygotes() -> list[psutil.Process]:
-    """The innermost python of each worker (the one that forks the runs)."""
+    """The innermost python of each sandbox worker (the one that forks the runs); other
+    python children of the test process (e.g. math-verify helpers) are not zygotes."""
     return [p for p in psutil.Process().children(recursive=True)
-            if p.name().startswith("python") and not p.children()]
+            if p.name().startswith("python") and not p.children()
+            and any(a.name() == "bwrap" for a in p.parents())]
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    """Each test starts from no warm workers, whatever earlier tests in this process left."""
+    sandbox.shutdown()
+    yield
+    sandbox.shutdown()
 
 
 def test_concurrent_callers_from_threads_get_their_own_results():
