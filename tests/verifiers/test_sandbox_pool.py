@@ -1,6 +1,8 @@
 """Warm sandbox workers: shared by threads, placed in cgroups, replaced when they die."""
 
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -87,22 +89,37 @@ def test_a_hung_worker_is_abandoned_after_its_timeout_and_replaced(padding):
     assert run_python("print('next')", config=FAST).stdout == "next\n"
 
 
-def _run_in_child(queue) -> None:
+_FORK_SCENARIO = """
+import multiprocessing, psutil
+from verifiers.sandbox import run_python
+from tests.verifiers.test_sandbox_pool import FAST, _zygotes
+
+def run_in_child(queue):
     queue.put(run_python("import os; print(os.getpid())", config=FAST).stdout)
 
-
-def test_a_forked_process_builds_its_own_pool_and_leaves_the_parents_alone():
-    import multiprocessing
-
+if __name__ == "__main__":
     run_python("pass", config=FAST)
     parent_workers = {p.pid for p in _zygotes()}
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_run_in_child, args=(queue,))
+    child = ctx.Process(target=run_in_child, args=(queue,))
     child.start()
-    assert queue.get(timeout=30) == "1\n"
+    assert queue.get(timeout=30) == "1\\n"
     child.join(timeout=30)
-    assert child.exitcode == 0
+    assert child.exitcode == 0, child.exitcode
     # The child's workers died with it; the parent's were neither used up nor replaced.
     assert {p.pid for p in _zygotes()} == parent_workers
-    assert run_python("print('parent')", config=FAST).stdout == "parent\n"
+    assert run_python("print('parent')", config=FAST).stdout == "parent\\n"
+    print("ok")
+"""
+
+
+def test_a_forked_process_builds_its_own_pool_and_leaves_the_parents_alone(tmp_path):
+    # A fresh interpreter: a fork of the long-lived pytest process would also inherit
+    # every other library's finalizers, which is not what this test is about.
+    script = tmp_path / "fork_scenario.py"
+    script.write_text(_FORK_SCENARIO)
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(root)})
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
