@@ -6,6 +6,7 @@ store retry with backoff; compute stages do not (a retry would only repeat the c
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field, replace
 
 import duckdb
@@ -158,11 +159,8 @@ def report_task(cycle_id: str) -> str:
     with _lake() as con:
         row = con.execute("SELECT counts FROM lake.cycle_stages WHERE cycle_id = ? AND stage = 'evaluate'",
                           [cycle_id]).fetchone()
-        decision = None
-        if row is not None:
-            import json
-            saved = json.loads(row[0]).get("decision")
-            decision = GateDecision.from_dict(saved) if saved else None
+        saved = json.loads(row[0]).get("decision") if row is not None else None
+        decision = GateDecision.from_dict(saved) if saved else None
         report = build_report(con, cycle_id, settings.home, gate=decision)
     publish_report(report)
     return str(settings.home / "reports" / cycle_id)
