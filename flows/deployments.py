@@ -27,6 +27,7 @@ from prefect.schedules import Cron, Interval, Schedule
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.cycle_params import CycleParams as CycleParams_
+from flows.evaluate_params import EvaluateParams as EvaluateOptions
 from storage.settings import LakeSettings
 
 log = logging.getLogger("flywheel.deployments")
@@ -80,9 +81,10 @@ class CycleParams(BaseModel):
 
 
 class EvaluateParams(BaseModel):
-    """On-demand evaluation of the current candidate against production; no parameters."""
+    """What a caller may pass to `evaluate`: `{"params": {...}}`, all optional."""
 
     model_config = ConfigDict(extra="forbid")
+    params: EvaluateOptions = Field(default_factory=EvaluateOptions)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ DEPLOYMENTS: dict[str, DeploymentSpec] = {spec.name: spec for spec in (
     DeploymentSpec("ingest", "flows.ingest:ingest_flow", "cpu", IngestParams, ingest_schedule,
                    "Land new failure logs in the lake; bad lines go to quarantine.", ingest_defaults),
     DeploymentSpec("evaluate", "flows.evaluate:evaluate_flow", "gpu", EvaluateParams, None,
-                   "Evaluate the candidate against production (on demand)."),
+                   "Evaluate a model (default: the newest candidate) against production on every "
+                   "registered evaluation set; on demand."),
 )}
 
 

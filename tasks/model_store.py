@@ -63,6 +63,16 @@ def production_version(con: duckdb.DuckDBPyConnection) -> str:
     return row[0]
 
 
+def newest_candidate(con: duckdb.DuckDBPyConnection) -> str:
+    """The most recently trained model still waiting for the gate's decision."""
+    row = con.execute("SELECT policy_version FROM lake.models WHERE status = 'candidate' "
+                      "ORDER BY created_at DESC, policy_version LIMIT 1").fetchone()
+    if row is None:
+        raise ModelNotFound("no candidate model: every trained model was promoted or rejected; "
+                            "name one with policy_version (`flywheel model list` shows them)")
+    return row[0]
+
+
 def register_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_dir: Path,
                    reason: str, cycle_id: str = "setup") -> str:
     """Record an existing folder as the production model (the starting point of the loop)."""

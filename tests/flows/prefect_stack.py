@@ -1,17 +1,21 @@
-"""Real servers for the operations tests and bench/webhook.py: Prefect server, webhook.
+"""Real servers for the operations tests and bench/webhook.py: Prefect server, webhook,
+and docker-compose's services run natively (`run_cycle_through_stack`).
 
-Started once per session with its own PREFECT_HOME (SQLite). The scheduler service is
+Started once per session with its own PREFECT_HOME. The scheduler service is
 off so the only flow runs that exist are the ones a test created: "this request
 created nothing" is then a plain count.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from tests import services
@@ -137,3 +141,210 @@ def register_in_process(server: PrefectServer, workdir: Path, schedule=None) -> 
 
     with temporary_settings({PREFECT_API_URL: server.api_url}):
         return register_deployments(schedule or ScheduleConfig(), LakeSettings(home=workdir / ".flywheel"), str(workdir))
+
+
+# --- docker-compose's services, natively ---------------------------------------------
+
+STACK_SECRET = "stack-secret-0123456789abcdef"
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# A cycle small enough for 2 cores (tests/flows/test_flywheel.py has the stage config).
+CYCLE_BODY = {"params": {"cycle_id": "stack-cycle", "rounds": 1, "tasks_per_round": 40, "samples_per_task": 8,
+                         "eval_samples": 2}}
+
+
+@dataclass(frozen=True)
+class StackRun:
+    """What `run_cycle_through_stack` did; the services are stopped by the time it returns."""
+
+    settings: Any
+    ingest: dict
+    """flow_run_id, state and the landed file's uri of the signed POST to /hooks/ingest."""
+    cycle: dict
+    """flow_run_id, state and cycle_id of the signed POST to /hooks/flywheel-cycle."""
+    dask_task_prefixes: list[str]
+    dask_workers: int
+    logs: dict[str, Path]
+
+    def tails(self, *names: str) -> str:
+        return "\n".join(f"--- {n}\n{self.logs[n].read_text(errors='replace')[-4000:]}" for n in names)
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not healthy after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def spawn(argv: list[str], env: dict, workdir: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    log = workdir / f"{name}.log"
+    proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    return proc, log
+
+
+def drop_pending_runs(server: PrefectServer) -> None:
+    """Runs other tests created and nobody picked up: a worker started now must not run them."""
+    body = {"flow_runs": {"state": {"type": {"any_": ["SCHEDULED", "PENDING"]}}}, "limit": 200}
+    pending = httpx.post(f"{server.api_url}/flow_runs/filter", timeout=60, json=body).json()
+    while pending:
+        for run in pending:
+            httpx.delete(f"{server.api_url}/flow_runs/{run['id']}", timeout=60)
+        pending = httpx.post(f"{server.api_url}/flow_runs/filter", timeout=60, json=body).json()
+
+
+def wait_for_run(server: PrefectServer, run_id: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{server.api_url}/flow_runs/{run_id}", timeout=30).json()["state"]["type"]
+        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return state
+        time.sleep(1)
+    return "TIMED_OUT"
+
+
+def use_tiny_cycle_config(server: PrefectServer) -> None:
+    """Point the registered `flywheel-cycle` at this module's entry point (below): the same
+    Prefect engine, after the tiny stage configuration the cycle tests use. Done through
+    the deployment's job variables, as a user would pick another command per deployment."""
+    found = httpx.post(f"{server.api_url}/deployments/filter", timeout=30,
+                       json={"deployments": {"name": {"any_": ["flywheel-cycle"]}}}).json()
+    (deployment,) = found
+    job_variables = {**deployment["job_variables"],
+                     "command": f"{sys.executable} -m tests.flows.prefect_stack"}
+    done = httpx.patch(f"{server.api_url}/deployments/{deployment['id']}", timeout=30,
+                       json={"job_variables": job_variables})
+    done.raise_for_status()
+
+
+def seed_lake(settings, workdir: Path) -> tuple[str, str]:
+    """Bucket, a tiny SFT-warmed production model, an eval set, two landed files; returns their uris
+    (a few logs for the ingest deployment, arithmetic failures for the cycle)."""
+    import random
+
+    from storage.lake import open_lake
+    from storage.objects import ObjectStore
+    from tasks.evalsets import register_evalset
+    from tasks.model_store import register_model
+    from tests.flows.test_flywheel import _log
+    from tests.tasks.logs import write_logs
+    from trainer.model import init_model
+    from trainer.sft import SFTConfig, run_sft
+
+    rng = random.Random(5)
+    pairs = sorted({(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(400)})
+    train, held = pairs[:360], pairs[360:380]
+    sft = workdir / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "completion": str(a + b)}) + "\n"
+                           for a, b in train))
+    run_sft(init_model(workdir / "init"), sft, workdir / "sft-model", SFTConfig(steps=60, batch_size=64))
+    evalset = workdir / "arith.jsonl"
+    evalset.write_text("".join(json.dumps({"id": f"e{i}", "domain": "math", "prompt": f"What is {a}+{b}?",
+                                           "reference": {"answer": str(a + b)}}) + "\n"
+                               for i, (a, b) in enumerate(held)))
+    failures = workdir / "traffic.jsonl"
+    failures.write_text("".join(json.dumps(_log(i, a, b)) + "\n" for i, (a, b) in enumerate(train[:40])))
+    store = ObjectStore(settings)
+    store.ensure_bucket()
+    landing = f"{settings.landing_prefix}2026-12-02/"
+    ingest_uri = store.upload(write_logs(workdir / "stack.jsonl", 3, seed=5, extra_lines=["{not json"]),
+                              settings.s3_bucket, landing + "stack.jsonl")
+    cycle_uri = store.upload(failures, settings.s3_bucket, landing + "traffic.jsonl")
+    con = open_lake(settings)
+    try:
+        register_evalset(con, "arith", evalset)
+        register_model(con, settings, workdir / "sft-model", "stack test: tiny SFT model")
+    finally:
+        con.close()
+    return ingest_uri, cycle_uri
+
+
+def signed_post(url: str, payload: dict) -> dict:
+    from flows.signatures import sign
+
+    body = json.dumps(payload).encode()
+    resp = httpx.post(url, content=body, timeout=60,
+                      headers={"Flywheel-Signature": sign(STACK_SECRET, int(time.time()), body)})
+    if resp.status_code != 202:
+        raise AssertionError(f"{url}: {resp.status_code} {resp.text}")
+    return resp.json()
+
+
+def run_cycle_through_stack(server: PrefectServer, s3, workdir: Path) -> StackRun:
+    """Start what docker-compose starts (besides the Prefect server and S3, which the caller
+    runs), trigger `ingest` then `flywheel-cycle` with signed POSTs, wait for both, stop."""
+    from storage.settings import LakeSettings
+
+    settings = LakeSettings(home=workdir / "home", s3_endpoint=s3.endpoint, s3_bucket=f"stack-{uuid.uuid4().hex[:8]}",
+                            s3_access_key=s3.access_key, s3_secret_key=s3.secret_key)
+    scheduler, dash, worker_dash, cpu_health, gpu_health = (services.free_port() for _ in range(5))
+    env = {**server.env, "FLYWHEEL_HOME": str(settings.home), "FLYWHEEL_S3_ENDPOINT": settings.s3_endpoint,
+           "FLYWHEEL_S3_BUCKET": settings.s3_bucket, "FLYWHEEL_S3_ACCESS_KEY": settings.s3_access_key,
+           "FLYWHEEL_S3_SECRET_KEY": settings.s3_secret_key, "FLYWHEEL_WEBHOOK_SECRET": STACK_SECRET,
+           "DASK_SCHEDULER_ADDRESS": f"tcp://127.0.0.1:{scheduler}", "PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1",
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT)}  # the gpu pool's flow runs start `-m tests.flows.prefect_stack`
+    drop_pending_runs(server)
+    started: dict[str, tuple[subprocess.Popen, Path]] = {}
+    try:
+        started["dask-scheduler"] = spawn([str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port",
+                                           str(scheduler), "--dashboard-address", f"127.0.0.1:{dash}"],
+                                          env, workdir, "dask-scheduler")
+        started["dask-worker"] = spawn([str(BIN / "dask"), "worker", env["DASK_SCHEDULER_ADDRESS"], "--nworkers", "1",
+                                        "--nthreads", "1", "--dashboard-address", f"127.0.0.1:{worker_dash}"],
+                                       env, workdir, "dask-worker")
+        started["cpu-worker"] = spawn([flywheel_bin(), "serve", "--pool", "cpu", "--healthcheck"],
+                                      {**env, "PREFECT_WORKER_WEBSERVER_PORT": str(cpu_health)}, workdir, "cpu-worker")
+        started["gpu-worker"] = spawn([str(BIN / "prefect"), "worker", "start", "--pool", "gpu", "--type", "process",
+                                       "--with-healthcheck"],
+                                      {**env, "PREFECT_WORKER_WEBSERVER_PORT": str(gpu_health)}, workdir, "gpu-worker")
+        ingest_uri, cycle_uri = seed_lake(settings, workdir)  # while the services start
+        for name, port in (("dask-scheduler", dash), ("dask-worker", worker_dash), ("cpu-worker", cpu_health),
+                           ("gpu-worker", gpu_health)):
+            wait_http(f"http://127.0.0.1:{port}/health", *started[name])
+        hook, hook_url = start_webhook(server, workdir, env)
+        started["webhook"] = (hook, workdir / "webhook.log")
+        use_tiny_cycle_config(server)  # after `flywheel serve` registered (its health answers only then)
+
+        ingest = signed_post(f"{hook_url}/hooks/ingest", {"paths": [ingest_uri], "cycle_id": "stack-test"})
+        ingest.update(uri=ingest_uri, state=wait_for_run(server, ingest["flow_run_id"], 300))
+        cycle = signed_post(f"{hook_url}/hooks/flywheel-cycle",
+                            {"params": {**CYCLE_BODY["params"], "landing": [cycle_uri]}})
+        cycle.update(cycle_id=CYCLE_BODY["params"]["cycle_id"], state=wait_for_run(server, cycle["flow_run_id"], 600))
+        prefixes, workers = _dask_usage(env["DASK_SCHEDULER_ADDRESS"])
+    finally:
+        for proc, _ in reversed(started.values()):
+            services.stop(proc)
+    return StackRun(settings, ingest, cycle, prefixes, workers, {name: log for name, (_, log) in started.items()})
+
+
+def _dask_usage(address: str) -> tuple[list[str], int]:
+    """Which task kinds the native scheduler ran, and how many workers it had."""
+    from distributed import Client
+
+    with Client(address, timeout=30) as client:
+        prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+        return prefixes, len(client.scheduler_info()["workers"])
+
+
+def run_flow_with_tiny_config() -> None:
+    """The gpu pool's command in the stack test: `python -m prefect.engine`, after the tiny
+    stage configuration (the transformers engine, two GRPO steps) of the cycle tests."""
+    import runpy
+
+    from tests.flows.test_flywheel import SMALL_CONFIG
+
+    exec(SMALL_CONFIG, {})
+    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    run_flow_with_tiny_config()

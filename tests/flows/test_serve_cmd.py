@@ -35,6 +35,7 @@ def test_serve_registers_pools_and_follows_flywheel_toml(prefect_server, tmp_pat
     toml.write_text('[schedule]\ncycle_cron = "0 2 * * *"\ningest_interval_s = 600\n')
     output = register(prefect_server, tmp_path)
     assert "registered ingest (pool cpu, every 600s)" in output
+    assert "registered evaluate (pool gpu, on demand)" in output
     if importlib.util.find_spec("flows.flywheel") is None:
         assert "'flywheel-cycle' skipped" in output
     ingest, pools = read_deployment(prefect_server, "ingest")
@@ -91,7 +92,12 @@ def test_a_missing_flow_module_is_skipped_but_a_broken_one_is_not(monkeypatch, t
 
 
 def test_a_parameter_model_that_disagrees_with_its_flow_is_refused():
-    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=deployments.EvaluateParams)
+    from pydantic import BaseModel
+
+    class NoFields(BaseModel):
+        pass
+
+    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=NoFields)
     with pytest.raises(deployments.DeploymentError, match="requires \\['paths'\\]"):
         deployments.load_flow(spec)
 
@@ -115,6 +121,18 @@ def test_the_cycle_parameter_mirror_matches_the_cycle_flow():
     from flows.flywheel import flywheel_cycle
 
     deployments.check_params(DEPLOYMENTS["flywheel-cycle"], flywheel_cycle)
+
+
+def test_the_evaluate_parameter_mirror_matches_the_evaluate_flow():
+    from flows.evaluate import evaluate_flow
+
+    deployments.check_params(DEPLOYMENTS["evaluate"], evaluate_flow)
+    assert DEPLOYMENTS["evaluate"].pool == "gpu" and DEPLOYMENTS["evaluate"].schedule is None
+    # what the webhook accepts is what the flow accepts
+    body = {"params": {"policy_version": "abc", "eval_samples": 4, "apply_gate": True}}
+    assert deployments.EvaluateParams.model_validate(body).params.eval_samples == 4
+    with pytest.raises(ValueError):
+        deployments.EvaluateParams.model_validate({"params": {"eval_samples": 0}})
 
 
 @needs_cycle

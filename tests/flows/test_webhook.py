@@ -226,3 +226,16 @@ def test_the_cycle_is_triggered_with_validated_options(prefect_server, hook):
     assert resp.status_code == 202, resp.text
     (run,) = read_runs(prefect_server, [resp.json()["flow_run_id"]])
     assert run["parameters"] == {"params": {"rounds": 2, "cycle_id": "from-webhook"}}
+
+
+def test_an_evaluation_is_triggered_with_validated_options(prefect_server, hook):
+    before = count_runs(prefect_server)
+    assert post(hook["url"], "evaluate", {"params": {"eval_samples": 0}}).status_code == 422
+    assert post(hook["url"], "evaluate", {"params": {"policy_version": ""}}).status_code == 422
+    assert post(hook["url"], "evaluate", {"policy_version": "abc"}).status_code == 422  # not under "params"
+    assert count_runs(prefect_server) == before
+    resp = post(hook["url"], "evaluate", {"params": {"policy_version": "abc", "apply_gate": True}})
+    assert resp.status_code == 202, resp.text
+    (run,) = read_runs(prefect_server, [resp.json()["flow_run_id"]])
+    assert run["parameters"] == {"params": {"policy_version": "abc", "apply_gate": True}}
+    assert run["deployment_id"] is not None and count_runs(prefect_server) == before + 1

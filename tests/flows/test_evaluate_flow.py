@@ -1,0 +1,144 @@
+"""The on-demand `evaluate` flow against a real Prefect server, on tiny models.
+
+Two untrained tiny models (production and a candidate trained "from" it) and one
+evaluation set: the flow scores both, leaves `models` alone unless asked, publishes
+its artifacts, resumes a finished evaluation, and applies the gate when asked.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from storage.lake import append_rows, open_lake, transaction
+from storage.settings import LakeSettings
+
+pytestmark = pytest.mark.slow
+ITEMS, SAMPLES = 6, 2
+
+
+@pytest.fixture(scope="module")
+def eval_home(tmp_path_factory):
+    """A lake with a production model, a newer candidate of it, and one evaluation set."""
+    from tasks.evalsets import register_evalset
+    from tasks.model_store import folder_version, register_model
+    from tasks.train import model_row
+    from trainer.model import ModelConfig, init_model
+
+    home = tmp_path_factory.mktemp("evaluate") / "home"
+    settings = LakeSettings(home=home)
+    production = init_model(home / "prod", ModelConfig(seed=0))
+    candidate = init_model(home / "cand", ModelConfig(seed=1))
+    evalset = home / "arith.jsonl"
+    evalset.write_text("".join(json.dumps({"id": f"e{i}", "domain": "math", "prompt": f"What is {i}+{i + 3}?",
+                                           "reference": {"answer": str(2 * i + 3)}}) + "\n" for i in range(ITEMS)))
+    con = open_lake(settings)
+    register_evalset(con, "arith", evalset)
+    prod = register_model(con, settings, production, "test: tiny model")
+    cand = folder_version(candidate)
+    with transaction(con, "test: a candidate"):
+        append_rows(con, "models", model_row(cand, prod, str(candidate), "c0"))
+    con.close()
+    return {"home": home, "production": prod, "candidate": cand}
+
+
+@pytest.fixture
+def run_in(eval_home, prefect_server, monkeypatch):
+    """Runs flows in this process against the session's Prefect server, with the tiny engine."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    from tasks import cycle_tasks as ct
+    from trainer.engine import EngineConfig
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(eval_home["home"]))
+    engine = EngineConfig(backend="transformers", n=SAMPLES, max_tokens=6, temperature=1.0)
+    monkeypatch.setattr(ct, "CONFIG", replace(ct.CONFIG, evaluate=replace(ct.CONFIG.evaluate, engine=engine, k=2)))
+    with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
+        yield
+        # ship the runs' logs and events now: at exit they would be retried against a stopped server
+        APILogWorker.drain_all()
+        EventsWorker.drain_all()
+
+
+def _lake(home):
+    return open_lake(LakeSettings(home=home), read_only=True)
+
+
+def _statuses(home) -> dict[str, str]:
+    con = _lake(home)
+    try:
+        return dict(con.execute("SELECT policy_version, status FROM lake.models").fetchall())
+    finally:
+        con.close()
+
+
+def _evaluation_rows(home, evaluation_id) -> dict[str, int]:
+    con = _lake(home)
+    try:
+        return dict(con.execute("SELECT policy_version, count(*) FROM lake.evaluations WHERE cycle_id = ? "
+                                "GROUP BY 1", [evaluation_id]).fetchall())
+    finally:
+        con.close()
+
+
+def _artifact_keys(flow_run_id) -> set[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            return {a.key for a in found}
+    return asyncio.run(read())
+
+
+def test_scores_the_newest_candidate_against_production_and_changes_nothing(eval_home, run_in):
+    from flows.evaluate import EvaluateParams, evaluate_flow
+
+    before = _statuses(eval_home["home"])
+    state = evaluate_flow(EvaluateParams(evaluation_id="e1", eval_samples=SAMPLES), return_state=True)
+    result = state.result()
+    assert (result["candidate"], result["production"]) == (eval_home["candidate"], eval_home["production"])
+    assert result["decision"]["items"] == ITEMS and result["applied"] is None
+    assert result["decision"]["promoted"] == result["decision"]["reason"].startswith("promoted")
+    assert _evaluation_rows(eval_home["home"], "e1") == {eval_home["candidate"]: ITEMS * SAMPLES,
+                                                         eval_home["production"]: ITEMS * SAMPLES}
+    assert _statuses(eval_home["home"]) == before
+    assert {"flywheel-evaluation", "flywheel-gate"} <= _artifact_keys(state.state_details.flow_run_id)
+
+    again = evaluate_flow(EvaluateParams(evaluation_id="e1", eval_samples=SAMPLES))
+    assert again["decision"] == result["decision"]  # the recorded result, not a new sample
+    assert _evaluation_rows(eval_home["home"], "e1") == {eval_home["candidate"]: ITEMS * SAMPLES,
+                                                         eval_home["production"]: ITEMS * SAMPLES}
+
+
+def test_production_itself_or_an_unknown_model_is_refused(eval_home, run_in):
+    from flows.evaluate import EvaluateParams, evaluate_flow
+    from tasks.model_store import ModelNotFound
+
+    with pytest.raises(ValueError, match="is the production model"):
+        evaluate_flow(EvaluateParams(policy_version=eval_home["production"]))
+    with pytest.raises(ModelNotFound, match="no model 'nope'"):
+        evaluate_flow(EvaluateParams(policy_version="nope"))
+
+
+def test_apply_gate_records_the_decision_on_the_model(eval_home, run_in):
+    from flows.evaluate import EvaluateParams, evaluate_flow
+
+    result = evaluate_flow(EvaluateParams(policy_version=eval_home["candidate"], evaluation_id="e2",
+                                          eval_samples=SAMPLES, apply_gate=True))
+    promoted = result["decision"]["promoted"]
+    assert result["applied"]["promoted"] == promoted
+    con = _lake(eval_home["home"])
+    try:
+        status, reason = con.execute("SELECT status, reason FROM lake.models WHERE policy_version = ?",
+                                     [eval_home["candidate"]]).fetchone()
+    finally:
+        con.close()
+    assert status == ("production" if promoted else "rejected")
+    assert reason.startswith("gate in cycle e2: ")
