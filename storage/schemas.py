@@ -47,6 +47,12 @@ SCHEMAS: dict[str, pa.Schema] = {
     # signature = num_perm little-endian uint32, comparable only within one scheme
     "minhash_signatures": _schema(
         ("task_id", pa.string()), ("scheme", pa.string()), ("signature", pa.binary())),
+    # eval items that tasks already in the lake copy (decontamination run the other way,
+    # for sets registered after those tasks): one row per (eval_set, eval_version,
+    # item_id, task_id), written once, by curation, in the commit of its tasks/decisions
+    "eval_coverage": _schema(
+        ("eval_set", pa.string()), ("eval_version", pa.string()), ("item_id", pa.string()),
+        ("task_id", pa.string()), ("method", pa.string()), ("evidence", _JSON), ("created_at", _TS)),
     "decisions": _schema(
         ("log_id", pa.string()), ("decision", pa.string()), ("evidence", _JSON),
         ("task_id", pa.string()), ("decided_at", _TS)),

@@ -15,9 +15,13 @@ the most similar earlier task, or founds its own). Unlike connected components, 
 rule gives the same decisions whether logs arrive in one cycle or many, because a log's
 fate depends only on the tasks that existed before it.
 
-Everything is written in one DuckLake commit (tasks, decisions, and signatures when the
-lake has a `minhash_signatures` table), so a crash writes nothing and a rerun decides
-only the logs still undecided.
+The other direction too: evaluation items that tasks of earlier cycles already copy
+(`tasks.coverage`; they matter when a set is registered after those tasks) become
+`eval_coverage` rows, each (item version, task) once.
+
+Everything is written in one DuckLake commit (tasks, decisions, eval coverage, and
+signatures when the lake has a `minhash_signatures` table), so a crash writes nothing
+and a rerun decides only the logs still undecided.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ import pyarrow as pa
 
 from storage.lake import append_rows, transaction
 from storage.schemas import DECISIONS, SCHEMAS
-from tasks import decontaminate, minhash
+from tasks import coverage, decontaminate, minhash
 from tasks.evalsets import all_eval_prompts, prompt_text
 from tasks.normalize import content_hash, tokenize_batch
 from verifiers.registry import VerifierConfig, self_test
@@ -67,6 +71,7 @@ class CurationCounts:
     near_duplicate: int
     contaminated: int
     unverifiable: int
+    coverage_rows: int  # eval_coverage rows this run added
     seconds: float
 
 
@@ -223,8 +228,7 @@ def mark_duplicates(cands: list[Candidate], existing: ExistingTasks,
 
 
 def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: np.ndarray,
-                  cfg: CurateConfig, cycle_id: str) -> None:
-    now = datetime.now(timezone.utc)
+                  covered: pa.Table, cfg: CurateConfig, cycle_id: str, now: datetime) -> None:
     kept = [c for c in cands if c.decision == "kept"]
     sources: dict[str, list[str]] = {c.task_id: [c.log_id] for c in kept}
     for c in cands:
@@ -239,9 +243,11 @@ def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: 
         "log_id": c.log_id, "decision": c.decision, "evidence": json.dumps(c.evidence, sort_keys=True),
         "task_id": c.decided_task, "decided_at": now, "cycle_id": cycle_id} for c in cands],
         schema=SCHEMAS["decisions"])
-    with transaction(con, f"curate {cycle_id}: {len(kept)} tasks from {len(cands)} logs"):
+    message = f"curate {cycle_id}: {len(kept)} tasks from {len(cands)} logs, {covered.num_rows} eval coverage rows"
+    with transaction(con, message):
         append_rows(con, "tasks", tasks)
         append_rows(con, "decisions", decisions)
+        append_rows(con, coverage.COVERAGE_TABLE, covered)
         if SIGNATURES_TABLE in SCHEMAS:
             rows = [{"task_id": c.task_id, "scheme": cfg.minhash.scheme,
                      "signature": sigs[i].astype("<u4").tobytes(), "cycle_id": cycle_id}
@@ -255,22 +261,30 @@ def eval_index(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> decontamina
 
 
 def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> CurationCounts:
-    """Decide every undecided log; write tasks and decisions in one commit."""
-    started = time.perf_counter()
+    """Decide every undecided log and record eval items that earlier tasks cover; write
+    tasks, decisions and coverage in one commit."""
+    started, now = time.perf_counter(), datetime.now(timezone.utc)
     cands = load_undecided(con, cfg)
-    mark_contaminated(cands, eval_index(con, cfg), cfg)
+    catalog = coverage.load_catalog(con, cfg.decontam)
+    mark_contaminated(cands, catalog.index if catalog else None, cfg)
     mark_unverifiable(cands, cfg)
-    sigs = mark_duplicates(cands, load_existing(con, cfg.minhash), cfg.minhash)
-    if cands:
-        write_results(con, cands, sigs, cfg, cycle_id)
+    existing = load_existing(con, cfg.minhash)
+    sigs = mark_duplicates(cands, existing, cfg.minhash)
+    # this run's new tasks were just checked against every item, so only earlier ones can cover
+    covered = coverage.new_coverage_rows(
+        con, coverage.find_coverage(catalog, existing.task_ids, existing.prompts, cfg.decontam), cycle_id, now)
+    if cands or covered.num_rows:
+        write_results(con, cands, sigs, covered, cfg, cycle_id, now)
     count = {kind: sum(c.decision == kind for c in cands) for kind in DECISIONS}
-    return CurationCounts(logs=len(cands), seconds=time.perf_counter() - started, **count)
+    return CurationCounts(logs=len(cands), coverage_rows=covered.num_rows,
+                          seconds=time.perf_counter() - started, **count)
 
 
 def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
                        exclude_cycle: str | None = None) -> list[dict]:
     """Eval items already covered by tasks (of cycles other than `exclude_cycle`):
-    one row per (item, covering task) with the decontamination evidence."""
+    one row per (item, covering task) with the decontamination evidence, computed now.
+    `curate` records the same relation, per item version, in the `eval_coverage` table."""
     index = eval_index(con, cfg)
     rows = con.execute("SELECT task_id, prompt FROM lake.tasks WHERE cycle_id IS DISTINCT FROM ? "
                        "ORDER BY task_id", [exclude_cycle]).fetchall()

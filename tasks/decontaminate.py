@@ -257,7 +257,7 @@ def _near_duplicates(tokens: TokenBatch, index: EvalIndex, cfg: DecontamConfig,
     if hopeful.size == 0:
         return []
     sub = _select(shingles, hopeful)
-    keys = minhash.band_keys(minhash.signatures(sub, mh), mh)
+    keys = minhash.band_keys_of_rows(minhash.signature_rows(sub, mh), mh)
     pairs = minhash.probe_pairs(keys, index.sketches.keys)
     sims = minhash.exact_jaccard(sub, index.sketches.shingles, pairs)
     good = sims >= mh.threshold

@@ -128,3 +128,11 @@ def all_eval_prompts(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str
     return [tuple(r) for r in con.execute("""
         SELECT DISTINCT eval_set, item_id, prompt FROM lake.eval_items
         ORDER BY eval_set, item_id, prompt""").fetchall()]
+
+
+def eval_prompt_versions(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str, list[str]]]:
+    """`all_eval_prompts`, in the same order, each with the versions that hold it."""
+    return [(s, i, p, list(v)) for s, i, p, v in con.execute("""
+        SELECT eval_set, item_id, prompt, list(DISTINCT eval_version ORDER BY eval_version)
+        FROM lake.eval_items GROUP BY eval_set, item_id, prompt
+        ORDER BY eval_set, item_id, prompt""").fetchall()]

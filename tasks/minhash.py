@@ -23,9 +23,14 @@ hashes, so the multiplier scrambles their order; the tests check that agreement 
 and band collisions follow J and the S-curve. a and b come from blake2b of the seed,
 so signatures from any process, any year, compare.
 
-Candidates from banding are always verified by exact Jaccard on the shingle sets (not
-the signature estimate), so a merge never rests on estimator noise; banding only has to
-make true pairs collide, which is what `choose_banding` optimises.
+Candidates from banding (`tasks.bands`) are always verified by exact Jaccard on the
+shingle sets (not the signature estimate), so a merge never rests on estimator noise;
+banding only has to make true pairs collide, which is what `choose_banding` optimises.
+
+Signatures are computed as (num_perm, texts) rows: one multiply, one add and one
+min-reduceat per step of a few thousand shingles. The scheme (`MinHashConfig.scheme`)
+is fixed bit for bit: `minhash_signatures` rows of earlier cycles keep comparing, and
+tests pin the values.
 """
 from __future__ import annotations
 
@@ -35,20 +40,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasks import bands as lsh
 from tasks.normalize import TokenBatch, mix64, tokenize_batch
 
 _U64 = np.uint64
 _BAND_MIX = 0xD6E8FEB86659FD93
-_STEP_SHINGLES = 1024  # shingles per vectorised step: (num_perm x 1024) stays in cache
-
-
-def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """np.unique by sorting: numpy 2.3's default hash-based unique is several times slower
-    on the large uint64 arrays this module builds."""
-    ordered = np.sort(values)
-    keep = np.ones(ordered.size, dtype=bool)
-    keep[1:] = ordered[1:] != ordered[:-1]
-    return ordered[keep]
+_STEP_SHINGLES = 8192  # shingles per vectorised step: num_perm x 8192 uint32 = 4 MiB
 
 
 def collision_probability(similarity: float, bands: int, rows: int) -> float:
@@ -134,24 +131,33 @@ class Shingles:
 
     @staticmethod
     def concat(parts: list[Shingles]) -> Shingles:
-        sizes = np.array([0] + [p.hashes.size for p in parts], dtype=np.int64)
-        offsets = [parts[0].offsets[:1]] + [p.offsets[1:] + base for p, base in
-                                            zip(parts, np.cumsum(sizes)[:-1])]
-        return Shingles(np.concatenate([p.hashes for p in parts]), np.concatenate(offsets))
+        hashes = np.concatenate([p.hashes for p in parts])
+        offsets = np.empty(sum(p.count for p in parts) + 1, dtype=np.int64)
+        offsets[0], at, base = 0, 1, 0
+        for p in parts:
+            np.add(p.offsets[1:], base, out=offsets[at:at + p.count])
+            at, base = at + p.count, base + p.hashes.size
+        return Shingles(hashes, offsets)
 
 
 def shingle_batch(tokens: TokenBatch, ngram: int) -> Shingles:
     """Word n-gram hashes per text; a text shorter than n words is one shingle, itself."""
     grams, doc = tokens.span_hashes(ngram)
     lengths = tokens.lengths
+    counts = np.maximum(lengths - (ngram - 1), 0)
     short = np.flatnonzero((lengths > 0) & (lengths < ngram))
     if short.size:
-        grams = np.concatenate([grams, tokens.whole_hashes()[short]])
-        doc = np.concatenate([doc, short])
-        order = np.argsort(doc, kind="stable")
-        grams, doc = grams[order], doc[order]
+        counts[short] = 1
+        whole = tokens.run_hashes(tokens.offsets[short], lengths[short])
+        # each short text's one shingle goes where its (absent) n-grams would be
+        at = np.searchsorted(doc, short) + np.arange(short.size)
+        merged = np.empty(grams.size + short.size, dtype=grams.dtype)
+        is_short = np.zeros(merged.size, dtype=bool)
+        is_short[at] = True
+        merged[at], merged[~is_short] = whole, grams
+        grams = merged
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(doc, minlength=lengths.size), out=offsets[1:])
+    np.cumsum(counts, out=offsets[1:])
     return Shingles((grams >> _U64(32)).astype(np.uint32), offsets)
 
 
@@ -172,14 +178,24 @@ def signatures(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
     Two different shingles collide under a permutation with probability ~2^-32, which
     biases the Jaccard estimate by far less than its sampling error.
     """
+    return np.ascontiguousarray(signature_rows(shingles, cfg).T)
+
+
+def signature_rows(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
+    """The signatures transposed, (num_perm, n_texts): the layout they are computed in.
+
+    Each step's min-reduceat writes straight into contiguous rows, and band keys are
+    built from whole rows, so clustering never pays for a transpose. (Texts padded to
+    one length, min over a (perm, slot, text) block: tried, at most 10% faster here.)
+    """
     a, b = _permutations(cfg)
-    out = np.full((shingles.count, cfg.num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    out = np.empty((cfg.num_perm, shingles.count), dtype=np.uint32)
     present = np.flatnonzero(np.diff(shingles.offsets) > 0)
-    if present.size == 0:
-        return out
-    top = shingles.hashes
+    if present.size < shingles.count:  # the steps below write every other column
+        empty = np.ones(shingles.count, dtype=bool)
+        empty[present] = False
+        out[:, empty] = np.iinfo(np.uint32).max
     a, b = a[:, None], b[:, None]
-    # (num_perm, shingles) layout: min-reduceat then runs along contiguous rows
     buf = np.empty((cfg.num_perm, _STEP_SHINGLES), dtype=np.uint32)
     ends = shingles.offsets[present + 1]
     first = 0
@@ -188,123 +204,114 @@ def signatures(shingles: Shingles, cfg: MinHashConfig) -> np.ndarray:
         start = shingles.offsets[present[first]]
         last = max(int(np.searchsorted(ends, start + _STEP_SHINGLES, side="right")), first + 1)
         docs = present[first:last]
-        x = top[start:ends[last - 1]]
+        x = shingles.hashes[start:ends[last - 1]]
         if x.size > buf.shape[1]:
             buf = np.empty((cfg.num_perm, x.size), np.uint32)
         v = buf[:, : x.size]
         np.multiply(a, x[None, :], out=v)  # wraps mod 2^32, as intended
         np.add(v, b, out=v)
-        out[docs] = np.minimum.reduceat(v, shingles.offsets[docs] - start, axis=1).T
+        cuts = shingles.offsets[docs] - start
+        if docs[-1] - docs[0] + 1 == docs.size:  # no empty text inside: write in place
+            np.minimum.reduceat(v, cuts, axis=1, out=out[:, docs[0]:docs[-1] + 1])
+        else:
+            out[:, docs] = np.minimum.reduceat(v, cuts, axis=1)
         first = last
     return out
 
 
 def band_keys(sigs: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
     """(n_texts, bands) uint64: one key per band; equal keys = equal band rows."""
-    bands, rows = cfg.banding
-    view = sigs[:, : bands * rows].reshape(sigs.shape[0], bands, rows).astype(_U64)
-    key = view[:, :, 0].copy()
+    return band_keys_of_rows(sigs.T, cfg)
+
+
+def band_keys_of_rows(rows: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
+    """band_keys of (num_perm, n_texts) signature rows. The result is a transposed view
+    of a (bands, n_texts) array, so each band's keys lie contiguous for bucketing."""
+    bands, width = cfg.banding
+    view = rows[: bands * width].reshape(bands, width, rows.shape[1])
+    key = view[:, 0, :].astype(_U64)
     with np.errstate(over="ignore"):
-        for j in range(1, rows):
+        for j in range(1, width):
             key *= _U64(_BAND_MIX)
-            key += view[:, :, j]
-    return mix64(key)
-
-
-def _bucket_pairs(keys: np.ndarray, window: int) -> np.ndarray:
-    """(m, 2) index pairs i < j sharing a key; each member pairs with up to `window`
-    later members of its bucket (all pairs for buckets up to window + 1)."""
-    n = keys.size
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    boundary = np.ones(n, dtype=bool)
-    boundary[1:] = sorted_keys[1:] != sorted_keys[:-1]
-    if boundary.all():
-        return np.empty((0, 2), dtype=np.int64)
-    run_start = np.flatnonzero(boundary)
-    run_end = np.append(run_start[1:], n)
-    ends = run_end[np.cumsum(boundary) - 1]
-    counts = np.minimum(ends - np.arange(n) - 1, window)
-    pos = np.flatnonzero(counts > 0)
-    reps = np.repeat(pos, counts[pos])
-    first = np.repeat(np.cumsum(counts[pos]) - counts[pos], counts[pos])
-    later = reps + 1 + (np.arange(reps.size) - first)
-    # a stable sort keeps equal keys in index order, so order[reps] < order[later]
-    return np.stack([order[reps], order[later]], axis=1)
+            key += view[:, j, :]
+    return mix64(key).T
 
 
 def candidate_pairs(keys: np.ndarray, cfg: MinHashConfig) -> np.ndarray:
     """Unique (i, j), i < j, pairs of texts in one batch that share any band."""
-    found = [_bucket_pairs(keys[:, band], cfg.max_group_pairs) for band in range(keys.shape[1])]
-    pairs = np.concatenate(found) if found else np.empty((0, 2), np.int64)
-    if pairs.size == 0:
-        return pairs
-    n = np.int64(keys.shape[0])
-    flat = sorted_unique(pairs[:, 0] * n + pairs[:, 1])
-    return np.stack([flat // n, flat % n], axis=1)
+    return lsh.candidate_pairs(keys, cfg.max_group_pairs)
 
 
-def probe_pairs(new_keys: np.ndarray, old_keys: np.ndarray) -> np.ndarray:
-    """Unique (new, old) pairs of rows of two batches that share any band."""
-    found = []
-    for band in range(new_keys.shape[1]):
-        order = np.argsort(old_keys[:, band], kind="stable")
-        sorted_old = old_keys[order, band]
-        lo = np.searchsorted(sorted_old, new_keys[:, band], side="left")
-        hi = np.searchsorted(sorted_old, new_keys[:, band], side="right")
-        counts = hi - lo
-        hit = np.flatnonzero(counts)
-        if hit.size == 0:
-            continue
-        reps = np.repeat(hit, counts[hit])
-        first = np.repeat(np.cumsum(counts[hit]) - counts[hit], counts[hit])
-        found.append(np.stack([reps, order[np.repeat(lo[hit], counts[hit]) + np.arange(reps.size) - first]], 1))
-    if not found:
-        return np.empty((0, 2), dtype=np.int64)
-    pairs = np.concatenate(found)
-    width = np.int64(max(old_keys.shape[0], 1))
-    flat = sorted_unique(pairs[:, 0] * width + pairs[:, 1])
-    return np.stack([flat // width, flat % width], axis=1)
+# callers probe a batch against existing tasks or eval items through this module too
+probe_pairs = lsh.probe_pairs
 
 
-def _tagged_sets(shingles: Shingles, docs: np.ndarray) -> np.ndarray:
-    """Sorted unique (pair << 32 | top 32 bits of shingle) for docs[pair]."""
+def _gathered(shingles: Shingles, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The shingles of docs[0], docs[1], ... back to back, and each doc's count."""
     starts = shingles.offsets[docs]
     lengths = shingles.offsets[docs + 1] - starts
-    total = int(lengths.sum())
     skip = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-    values = shingles.hashes[skip + np.arange(total)].astype(_U64)
-    tags = np.repeat(np.arange(docs.size, dtype=np.uint64), lengths)
-    return sorted_unique((tags << _U64(32)) | values)
+    return shingles.hashes[skip + np.arange(int(lengths.sum()))], lengths
+
+
+def _set_sizes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(|A|, |B|, |A & B|) per row of sorted (shingle << 1 | side) values, padded with
+    all-ones: after a repeat is dropped, a shared shingle is a side-0 value followed by
+    its side-1 twin."""
+    valid = rows != np.iinfo(np.uint64).max
+    fresh = valid.copy()
+    fresh[:, 1:] &= rows[:, 1:] != rows[:, :-1]
+    side = (rows & _U64(1)).astype(bool)
+    shared = fresh[:, 1:] & side[:, 1:] & ((rows[:, 1:] >> _U64(1)) == (rows[:, :-1] >> _U64(1)))
+    return ((fresh & ~side).sum(axis=1), (fresh & side).sum(axis=1), shared.sum(axis=1))
 
 
 def exact_jaccard(left: Shingles, right: Shingles, pairs: np.ndarray) -> np.ndarray:
     """Jaccard of the shingle sets of left[pairs[:,0]] and right[pairs[:,1]] (0 if both empty).
 
     Sets hold the top 32 bits of each shingle hash: two different shingles of one pair
-    collide with probability ~ 1e-6 even for 100-word prompts.
+    collide with probability ~ 1e-6 even for 100-word prompts. Each pair's two lists
+    become one row (side bit appended), rows of similar length are padded to a power of
+    two and sorted row by row: many short sorts instead of one sort of everything.
     """
-    if pairs.size == 0:
-        return np.empty(0, dtype=np.float64)
-    a = _tagged_sets(left, pairs[:, 0])
-    b = _tagged_sets(right, pairs[:, 1])
     n = pairs.shape[0]
-    size_a = np.bincount((a >> _U64(32)).astype(np.int64), minlength=n)
-    size_b = np.bincount((b >> _U64(32)).astype(np.int64), minlength=n)
-    both = np.sort(np.concatenate([a, b]))
-    shared = both[1:][both[1:] == both[:-1]]
-    inter = np.bincount((shared >> _U64(32)).astype(np.int64), minlength=n)
-    union = size_a + size_b - inter
-    return np.divide(inter, union, out=np.zeros(n), where=union > 0)
+    out = np.zeros(n)
+    if n == 0:
+        return out
+    a_values, a_len = _gathered(left, pairs[:, 0])
+    b_values, b_len = _gathered(right, pairs[:, 1])
+    a_pair, b_pair = np.repeat(np.arange(n), a_len), np.repeat(np.arange(n), b_len)
+    # column of each value inside its pair's row: A's values first, then B's
+    a_col = np.arange(a_values.size) - np.repeat(np.cumsum(a_len) - a_len, a_len)
+    b_col = np.arange(b_values.size) - np.repeat(np.cumsum(b_len) - b_len, b_len) + a_len[b_pair]
+    width = 1 << np.ceil(np.log2(np.maximum(a_len + b_len, 1))).astype(np.int64)
+    for w in np.unique(width).tolist():
+        group = np.flatnonzero(width == w)
+        row_of = np.full(n, -1, dtype=np.int64)
+        row_of[group] = np.arange(group.size)
+        rows = np.full((group.size, w), np.iinfo(np.uint64).max, dtype=_U64)
+        in_a, in_b = row_of[a_pair] >= 0, row_of[b_pair] >= 0
+        rows[row_of[a_pair[in_a]], a_col[in_a]] = a_values[in_a].astype(_U64) << _U64(1)
+        rows[row_of[b_pair[in_b]], b_col[in_b]] = (b_values[in_b].astype(_U64) << _U64(1)) | _U64(1)
+        rows.sort(axis=1)
+        size_a, size_b, inter = _set_sizes(rows)
+        union = size_a + size_b - inter
+        out[group] = np.divide(inter, union, out=np.zeros(group.size), where=union > 0)
+    return out
 
 
 def cluster_pairs(n: int, pairs: np.ndarray) -> np.ndarray:
     """Union-find over verified pairs: for each text, the smallest index in its cluster.
 
     The smallest index keeps the choice deterministic: callers order texts so that the
-    earliest one (first seen, or already a task) is the one kept.
+    earliest one (first seen, or already a task) is the one kept. Only texts in some
+    pair enter the (Python) union-find; the rest are their own cluster.
     """
-    parent = list(range(n))
+    out = np.arange(n, dtype=np.int64)
+    if pairs.size == 0:
+        return out
+    nodes = lsh.sorted_unique(pairs.ravel())  # ascending, so local order = global order
+    parent = list(range(nodes.size))
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -312,11 +319,12 @@ def cluster_pairs(n: int, pairs: np.ndarray) -> np.ndarray:
             i = parent[i]
         return i
 
-    for i, j in pairs.tolist():
+    for i, j in np.searchsorted(nodes, pairs).tolist():
         ri, rj = root(i), root(j)
         if ri != rj:
             parent[max(ri, rj)] = min(ri, rj)
-    return np.array([root(i) for i in range(n)], dtype=np.int64)
+    out[nodes] = nodes[[root(i) for i in range(nodes.size)]]
+    return out
 
 
 @dataclass(frozen=True)
@@ -367,17 +375,17 @@ def sketch_texts(texts: list[str], cfg: MinHashConfig, chunk: int = 2048,
     """
     bands = cfg.banding[0]
     sigs = np.empty((len(texts), cfg.num_perm), dtype=np.uint32) if keep_signatures else None
-    keys = np.empty((len(texts), bands), dtype=_U64)
+    keys = np.empty((bands, len(texts)), dtype=_U64)
     parts = []
     for start in range(0, len(texts), chunk):
         part = shingle_batch(tokenize_batch(texts[start:start + chunk]), cfg.ngram)
-        part_sigs = signatures(part, cfg)
-        keys[start:start + part.count] = band_keys(part_sigs, cfg)
+        rows = signature_rows(part, cfg)
+        keys[:, start:start + part.count] = band_keys_of_rows(rows, cfg).T
         if sigs is not None:
-            sigs[start:start + part.count] = part_sigs
+            sigs[start:start + part.count] = rows.T
         parts.append(part)
     shingles = Shingles.concat(parts) if parts else Shingles(np.empty(0, np.uint32), np.zeros(1, np.int64))
-    return Sketches(shingles, sigs, keys)
+    return Sketches(shingles, sigs, keys.T)
 
 
 def find_near_duplicates(sketches: Sketches, cfg: MinHashConfig) -> NearDuplicates:

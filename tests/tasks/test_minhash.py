@@ -1,4 +1,5 @@
 """MinHash signatures, banding and near-duplicate clusters (tasks/minhash.py)."""
+import hashlib
 import json
 import os
 import subprocess
@@ -103,3 +104,46 @@ def test_signatures_are_stable_across_processes():
     assert runs[0] == runs[1]
     here = minhash.sketch_texts(["What is 17*23? Show the steps.", "short"], CFG).signatures
     assert json.loads(runs[0]) == here.tolist()
+
+
+def test_signatures_do_not_change_between_versions():
+    # rows of minhash_signatures written by earlier cycles must keep comparing
+    texts = ["What is 17*23? Show the steps.", "short", "", "a b a b a b"]
+    sketches = minhash.sketch_texts(texts, CFG)
+    assert sketches.signatures[:2, :3].tolist() == [[258958449, 445557669, 67503727],
+                                                    [4051101297, 280020687, 3392238925]]
+    assert hashlib.sha256(sketches.signatures.astype("<u4").tobytes()).hexdigest() == (
+        "525d5c564ce59b70b1723c63bd80c27775ee217dfd97b0dc35909198a385f4b0")
+    assert hashlib.sha256(sketches.keys.astype("<u8").tobytes()).hexdigest() == (
+        "2997d824b59bbd8f874185cd1a0a51f072d07b5e8f87077ba8b28a7d7c7a9f8a")
+    assert np.array_equal(minhash.band_keys(sketches.signatures, CFG), sketches.keys)
+
+
+def _reference_candidates(keys: np.ndarray, window: int) -> set[tuple[int, int]]:
+    """Per band, bucket rows by key in index order; each pairs with its next `window` members."""
+    out = set()
+    for band in range(keys.shape[1]):
+        buckets: dict[int, list[int]] = {}
+        for row, key in enumerate(keys[:, band].tolist()):
+            buckets.setdefault(key, []).append(row)
+        for rows in buckets.values():
+            out |= {(i, j) for p, i in enumerate(rows) for j in rows[p + 1:p + 1 + window]}
+    return out
+
+
+def test_candidate_pairs_match_plain_bucketing():
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 2**63, size=(3000, 4), dtype=np.uint64)
+    keys[rng.integers(0, 3000, 400), 0] = keys[rng.integers(0, 3000, 400), 0]  # scattered repeats
+    keys[::7, 1] = 42  # one bucket far larger than the window
+    keys[:, 2] = rng.integers(0, 50, 3000)  # every row in some bucket
+    cfg = minhash.MinHashConfig(max_group_pairs=5)
+    got = minhash.candidate_pairs(keys, cfg)
+    assert np.all(got[:, 0] < got[:, 1]) and len({tuple(p) for p in got.tolist()}) == len(got)
+    assert {tuple(p) for p in got.tolist()} == _reference_candidates(keys, 5)
+
+
+def test_exact_jaccard_counts_sets_not_repeats():
+    sh = minhash.shingle_batch(tokenize_batch(["a a b", "a b", "a b b c", ""]), 1)
+    pairs = np.array([[0, 1], [0, 2], [2, 2], [3, 0]])
+    assert minhash.exact_jaccard(sh, sh, pairs).tolist() == pytest.approx([1.0, 2 / 3, 1.0, 0.0])

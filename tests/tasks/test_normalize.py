@@ -66,3 +66,42 @@ def test_ids_and_hashes_are_stable_across_processes():
     here = tokenize_batch(["What is 17*23?", "Straße ﬁle ４２"])
     assert first["tokens"] == [int(h) for h in here.hashes]
     assert first["id"] == content_hash("what is 17*23?")
+
+
+def test_hashes_do_not_change_between_versions():
+    # persisted MinHash signatures (scheme minhash-v1) are built on these exact values;
+    # a faster implementation must reproduce them bit for bit
+    batch = tokenize_batch(["What is 17*23?", "Straße ﬁle ４２"])
+    assert [int(h) for h in batch.hashes[:3]] == [8411067409259128436, 2178267691657697384, 13481880165588719284]
+    assert int(batch.span_hashes(2)[0][0]) == 5879011042378933162
+
+
+def _python_run_hash(tokens: list[int]) -> int:
+    """The documented run hash, on Python ints: mix64(sum t_j B^j + m L) mod 2^64."""
+    mask = (1 << 64) - 1
+    poly = sum(t * pow(0xC2B2AE3D27D4EB4F, j, 1 << 64) for j, t in enumerate(tokens))
+    z = (poly + len(tokens) * 0x165667B19E3779F9) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_every_way_of_hashing_a_run_agrees():
+    words = " ".join(f"w{i % 23}" for i in range(60))
+    batch = tokenize_batch(["x", words, "a b", "", words[::-1]])
+    tokens = [int(h) for h in batch.hashes]
+    for m in (1, 2, 5, 16, 17, 40):  # Horner up to 16 tokens, prefix sums beyond
+        grams, doc, starts = batch.spans(m)
+        assert [int(g) for g in grams] == [_python_run_hash(tokens[s:s + m]) for s in starts.tolist()]
+        assert all(batch.offsets[d] <= s and s + m <= batch.offsets[d + 1] for d, s in zip(doc, starts))
+    whole = [_python_run_hash(tokens[a:b]) for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+    assert [int(h) for h in batch.whole_hashes()] == whole
+
+
+def test_large_batches_hash_like_single_texts():
+    # ~600 KiB of text: token hashing runs over several byte windows
+    texts = [f"Prompt {i}: what is {i}*{i + 7}? Explain {'step ' * (i % 40)}carefully, ＡＢＣ." for i in range(6000)]
+    batch = tokenize_batch(texts)
+    for i in range(0, 6000, 97):
+        alone = tokenize_batch([texts[i]])
+        assert np.array_equal(batch.hashes[batch.offsets[i]:batch.offsets[i + 1]], alone.hashes)
