@@ -29,7 +29,7 @@ def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
     for round_idx in range(params.rounds):
         rollout_task(cycle_id, round_idx, policy, params.tasks_per_round, params.samples_per_task)
         verify_task(cycle_id, round_idx)
-        policy = train_task(cycle_id, round_idx, policy)
+        policy = train_task(cycle_id, round_idx, policy, params.train_steps)
     decision = evaluate_task(cycle_id, policy, production, params.eval_samples)
     promote_task(cycle_id, policy, decision)
     summary = finish_task(cycle_id)

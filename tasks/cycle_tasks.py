@@ -7,40 +7,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import duckdb
 from prefect import task
 
 from storage.config_file import lake_settings
 from storage.lake import open_lake, transaction
-from tasks.curate import CurateConfig, curate
+from tasks.curate import curate
+from tasks.cycle_config import cycle_config
 from tasks.cycle_state import begin_cycle, finish_cycle, run_stage
-from tasks.evaluate import EvalConfig, evaluate_policy
-from tasks.gate import GateConfig, GateDecision, decide
-from tasks.ingest import IngestConfig, discover_sources, ingest_source
+from tasks.evaluate import evaluate_policy
+from tasks.gate import GateDecision, decide
+from tasks.ingest import discover_sources, ingest_source
 from tasks.model_store import local_model_dir, production_version, publish_model
 from tasks.promote import record_gate
 from tasks.reports import build_report, publish_report
-from tasks.rollout import RolloutConfig, run_rollouts
-from tasks.train import TrainStageConfig, train_policy
-from tasks.verify_stage import VerifyStageConfig, verify_stage
-
-
-@dataclass(frozen=True)
-class CycleConfig:
-    """Every stage's config; flow parameters override the few a run usually changes."""
-
-    ingest: IngestConfig = field(default_factory=IngestConfig)
-    curate: CurateConfig = field(default_factory=CurateConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    verify: VerifyStageConfig = field(default_factory=VerifyStageConfig)
-    train: TrainStageConfig = field(default_factory=TrainStageConfig)
-    evaluate: EvalConfig = field(default_factory=EvalConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
-
-
-CONFIG = CycleConfig()
+from tasks.rollout import run_rollouts
+from tasks.train import train_policy
+from tasks.verify_stage import verify_stage
 
 
 def _landing(paths: list[str]) -> list[str]:
@@ -57,6 +42,7 @@ def _landing(paths: list[str]) -> list[str]:
 @task(name="begin-cycle", retries=2, retry_delay_seconds=[2, 10])
 def begin_task(cycle_id: str) -> str:
     """Open (or reopen) the cycle's row; return the production model it starts from."""
+    cycle_config()  # a bad [cycle] in flywheel.toml fails here, before any stage has worked
     begin_cycle(cycle_id)
     with _lake() as con:
         return production_version(con)
@@ -64,10 +50,12 @@ def begin_task(cycle_id: str) -> str:
 
 @task(name="ingest-landing", retries=2, retry_delay_seconds=[2, 10])
 def ingest_landing_task(cycle_id: str, paths: list[str]) -> dict:
+    cfg = cycle_config().ingest
+
     def work(con: duckdb.DuckDBPyConnection) -> dict:
         settings = lake_settings()
         uris = discover_sources(_landing(paths), settings, allow_empty=True)
-        results = [ingest_source(con, settings, uri, CONFIG.ingest, cycle_id) for uri in uris]
+        results = [ingest_source(con, settings, uri, cfg, cycle_id) for uri in uris]
         return {"files": len(results), "skipped": sum(r.skipped for r in results),
                 "rows_ok": sum(r.rows_ok for r in results),
                 "rows_quarantined": sum(r.rows_quarantined for r in results)}
@@ -76,13 +64,14 @@ def ingest_landing_task(cycle_id: str, paths: list[str]) -> dict:
 
 @task(name="curate")
 def curate_task(cycle_id: str) -> dict:
-    return run_stage(cycle_id, "curate", lambda con: dataclasses.asdict(curate(con, CONFIG.curate, cycle_id)))
+    cfg = cycle_config().curate
+    return run_stage(cycle_id, "curate", lambda con: dataclasses.asdict(curate(con, cfg, cycle_id)))
 
 
 @task(name="rollout", task_run_name="rollout round {round_idx}")
 def rollout_task(cycle_id: str, round_idx: int, policy: str, tasks_per_round: int, samples: int) -> dict:
-    cfg = replace(CONFIG.rollout, tasks_per_round=tasks_per_round,
-                  engine=replace(CONFIG.rollout.engine, n=samples))
+    configured = cycle_config().rollout
+    cfg = replace(configured, tasks_per_round=tasks_per_round, engine=replace(configured.engine, n=samples))
 
     def work(con: duckdb.DuckDBPyConnection) -> dict:
         model_dir = local_model_dir(lake_settings(), con, policy)
@@ -92,13 +81,16 @@ def rollout_task(cycle_id: str, round_idx: int, policy: str, tasks_per_round: in
 
 @task(name="verify", task_run_name="verify round {round_idx}")
 def verify_task(cycle_id: str, round_idx: int) -> dict:
-    return run_stage(cycle_id, "verify", lambda con: verify_stage(con, cycle_id, round_idx, CONFIG.verify),
-                     round_idx)
+    cfg = cycle_config().verify
+    return run_stage(cycle_id, "verify", lambda con: verify_stage(con, cycle_id, round_idx, cfg), round_idx)
 
 
 @task(name="train", task_run_name="train round {round_idx}")
-def train_task(cycle_id: str, round_idx: int, policy: str) -> str:
+def train_task(cycle_id: str, round_idx: int, policy: str, steps: int | None = None) -> str:
     """GRPO on the round's verified rollouts; returns the new policy (or `policy` if nothing to learn)."""
+    configured = cycle_config().train
+    cfg = configured if steps is None else replace(configured, grpo=replace(configured.grpo, steps=steps))
+
     def work(con: duckdb.DuckDBPyConnection) -> dict:
         settings = lake_settings()
         scored = con.execute("SELECT count(*) FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) "
@@ -106,7 +98,7 @@ def train_task(cycle_id: str, round_idx: int, policy: str) -> str:
         if scored == 0:
             return {"policy_version": policy, "trained": False}
         base = local_model_dir(settings, con, policy)
-        version = train_policy(con, base, policy, round_idx, settings.home / "jobs", cycle_id, CONFIG.train)
+        version = train_policy(con, base, policy, round_idx, settings.home / "jobs", cycle_id, cfg)
         if settings.uses_s3:
             uri = publish_model(settings, local_model_dir(settings, con, version), version)
             with transaction(con, message=f"model {version[:12]} stored at {uri}"):
@@ -121,8 +113,8 @@ def train_task(cycle_id: str, round_idx: int, policy: str) -> str:
 @task(name="evaluate")
 def evaluate_task(cycle_id: str, candidate: str, production: str, samples: int) -> dict:
     """Score candidate and production on every eval set; return the gate's decision."""
-    cfg = replace(CONFIG.evaluate, engine=replace(CONFIG.evaluate.engine, n=samples),
-                  k=min(CONFIG.evaluate.k, samples))
+    config = cycle_config()
+    cfg = replace(config.evaluate, engine=replace(config.evaluate.engine, n=samples), k=min(config.evaluate.k, samples))
 
     def work(con: duckdb.DuckDBPyConnection) -> dict:
         if candidate == production:
@@ -131,7 +123,7 @@ def evaluate_task(cycle_id: str, candidate: str, production: str, samples: int) 
         cand = evaluate_policy(con, str(local_model_dir(settings, con, candidate)), candidate, cfg, cycle_id)
         prod = evaluate_policy(con, str(local_model_dir(settings, con, production)), production, cfg, cycle_id,
                                also_check=(candidate,))
-        decision = decide(cand.item_scores, prod.item_scores, CONFIG.gate)
+        decision = decide(cand.item_scores, prod.item_scores, config.gate)
         return {"decision": decision.to_dict(), "candidate": cand.headline, "production": prod.headline,
                 "contaminated": len(cand.contaminated)}
     return run_stage(cycle_id, "evaluate", work)

@@ -16,6 +16,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Literal
 
 from tasks.demo_domains import sample_task
 from tasks.demo_planting import MALFORMED_KINDS, REFORMAT_KINDS, malformed_line, near_duplicate, reformat
@@ -29,6 +30,10 @@ class TrafficConfig:
     requests: int = 400
     math_share: float = 0.9
     """The tiny demo policy can only learn arithmetic; other domains keep the pipeline honest."""
+    addition_share: float = 0.7
+    """Of the math requests, the share asking for a sum of two numbers: the skill a ~1M
+    parameter policy learns in minutes. Word problems and expressions stay in the mix."""
+    backend: Literal["vllm", "transformers"] = "vllm"
     temperature: float = 0.3
     max_tokens: int = 12
     repeat_share: float = 0.05
@@ -40,7 +45,8 @@ class TrafficConfig:
         if self.requests < 10:
             raise ValueError("requests must be >= 10 for a failure rate worth reporting")
         shares = (self.repeat_share, self.near_duplicate_share, self.leak_share, self.malformed_share)
-        if not 0 <= self.math_share <= 1 or any(not 0 <= s < 0.5 for s in shares):
+        if not 0 <= self.math_share <= 1 or not 0 <= self.addition_share <= 1 \
+                or any(not 0 <= s < 0.5 for s in shares):
             raise ValueError("shares are fractions in [0, 1) (planted ones below 0.5)")
 
 
@@ -61,18 +67,19 @@ class TrafficResult:
         n, p = self.requests, self.failure_rate
         centre = (p + z * z / (2 * n)) / (1 + z * z / n)
         half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return max(0.0, centre - half), min(1.0, centre + half)
+        # At p = 0 or 1 the bound is exactly 0 or 1; rounding would leave p outside it.
+        return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
 
 
 def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed: int,
                   verifiers: VerifierConfig, eval_items: list[dict]) -> TrafficResult:
     """Answer `cfg.requests` fresh tasks with the model; log the failures."""
     rng = random.Random(f"flywheel-traffic:{seed}")
-    engine = EngineConfig(n=1, temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=seed)
+    engine = EngineConfig(backend=cfg.backend, n=1, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                          seed=seed)
     tasks: list[dict] = []
     while len(tasks) < cfg.requests:  # requests the model's context can hold
-        drawn = [sample_task("math" if rng.random() < cfg.math_share else rng.choice(("code", "json")), rng)
-                 for _ in range(cfg.requests - len(tasks))]
+        drawn = [draw_request(cfg, rng) for _ in range(cfg.requests - len(tasks))]
         fits = prompt_fits(model_dir, [[{"role": "user", "content": t["prompt"]}] for t in drawn], engine)
         tasks += [t for t, ok in zip(drawn, fits, strict=True) if ok]
     prompts = [[{"role": "user", "content": t["prompt"]}] for t in tasks]
@@ -84,6 +91,17 @@ def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed
     logs = [_failure_log(t, s.text, v, policy_version, started + timedelta(seconds=i), rng)
             for i, (t, s, v) in enumerate(zip(tasks, samples, verdicts, strict=True)) if not v.passed]
     return TrafficResult(cfg.requests, len(logs), logs, _landing_lines(logs, cfg, rng, eval_items, started))
+
+
+def draw_request(cfg: TrafficConfig, rng: random.Random) -> dict:
+    """One production request: a task of the traffic's domain and math mix."""
+    if rng.random() >= cfg.math_share:
+        return sample_task(rng.choice(("code", "json")), rng)
+    want_sum = rng.random() < cfg.addition_share
+    while True:  # math tasks are drawn until the kind matches: cheap, and keeps the sampler's phrasings
+        task = sample_task("math", rng)
+        if (task["key"][0] == "add") == want_sum:
+            return task
 
 
 def _failure_log(task: dict, answer: str, verdict, policy_version: str, ts: datetime,

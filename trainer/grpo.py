@@ -30,7 +30,9 @@ class GRPOConfig:
 
     steps: int = 8                    # optimiser steps in this job
     groups_per_step: int = 32         # prompts (groups of G samples) per step
-    lr: float = 1e-4
+    # Measured on the tiny model (on-policy, 32 prompts x 8 a step): 1e-3 collapsed it
+    # (25% -> 0.3%), 1e-4 drifted down, 3e-5 raised held-out pass@1 25% -> 31% in 50 steps.
+    lr: float = 3e-5
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     loss_agg: LossAgg = "dapo"

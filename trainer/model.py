@@ -23,11 +23,13 @@ from trainer.tokenizer import build_tokenizer, save_tokenizer
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the tiny Llama. Defaults give ~0.54M parameters."""
+    """Shape of the tiny Llama. Defaults give ~1.06M parameters."""
 
     hidden_size: int = 128
     intermediate_size: int = 512
-    num_hidden_layers: int = 2
+    # 4 layers, not 2: after 400 SFT steps on 2-digit additions, 2 layers reached 11%
+    # greedy held-out accuracy (loss 0.83), 4 layers 43% (loss 0.45); carrying needs depth.
+    num_hidden_layers: int = 4
     num_attention_heads: int = 2
     # Longest prompt + completion the model (and vLLM's max_model_len) accepts.
     max_position_embeddings: int = 256

@@ -14,6 +14,7 @@ or `{"messages": [chat turns...], "completion": "<answer>"}`.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,10 @@ class SFTConfig:
     batch_size: int = 128
     lr: float = 1e-3
     weight_decay: float = 0.0
+    # Linear warm-up, then cosine decay to lr * min_lr_ratio: with a constant rate the
+    # tiny model's answer loss plateaus high (noisy steps at the end of training).
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -36,6 +41,16 @@ class SFTConfig:
             raise ValueError("SFTConfig.steps and batch_size must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"SFTConfig.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("SFTConfig.warmup_steps must be >= 0 and min_lr_ratio in [0, 1]")
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimiser step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = (step - self.warmup_steps) / max(self.steps - self.warmup_steps, 1)
+        floor = self.lr * self.min_lr_ratio
+        return floor + (self.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def read_pairs(path: str | Path) -> list[dict]:
@@ -99,7 +114,9 @@ def run_sft(model_dir: str | Path, data: str | Path, out_dir: str | Path, cfg: S
     order: list[int] = []
     losses = []
     t0 = time.perf_counter()
-    for _ in range(cfg.steps):
+    for step in range(cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr_at(step)
         if len(order) < cfg.batch_size:  # a fresh permutation per epoch, appended
             order += torch.randperm(len(examples), generator=gen).tolist()
         idx, order = order[:cfg.batch_size], order[cfg.batch_size:]

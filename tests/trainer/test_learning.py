@@ -32,10 +32,11 @@ def test_grpo_raises_mean_reward(tiny_model, tmp_path):
     assert 0.05 < before < 0.9, f"SFT should make the policy right sometimes, got {before}"
     rollouts = write_rollouts(tmp_path / "rollouts.jsonl", samples, train)
     job = write_job(tmp_path / "job", TrainJob(str(tmp_path / "sft"), str(rollouts), GRPOConfig(
-        steps=32, groups_per_step=16, lr=3e-4, scale_by_std=True, checkpoint_every=32, max_tokens=6)))
+        steps=48, groups_per_step=16, scale_by_std=True, checkpoint_every=48, max_tokens=6)))
     trained = run_training(job, n_procs=1, device="cpu", timeout_s=600)
     after, _ = mean_reward(trained, train, EngineConfig(backend="transformers", n=8, max_tokens=6, seed=1))
     print(f"mean reward before {before:.3f} after {after:.3f} ({len(train) * 8} samples each)")
-    # Measured here: 0.117 -> 0.189 (512 samples each, standard error of the gap ~0.02).
+    # Measured here (default lr 3e-5): 0.148 -> 0.193 after 32 steps (512 samples each,
+    # standard error of the gap ~0.02); 48 steps leave more margin.
     assert after > before + 0.04
     assert read_metrics(job)[0]["groups_kept"] + read_metrics(job)[0]["groups_dropped"] == len(train)
