@@ -9,7 +9,7 @@ from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
-from tasks.curate import CurateConfig, covered_eval_items, curate
+from tasks.curate import CurateConfig, curate
 
 
 def curate_command(
@@ -21,7 +21,7 @@ def curate_command(
     try:
         con = open_lake(lake_settings())
         counts = curate(con, cfg, cycle_id)
-        covered = covered_eval_items(con, cfg, exclude_cycle=cycle_id)
+        covered = con.execute("SELECT count(DISTINCT (eval_set, item_id)) FROM lake.eval_coverage").fetchone()[0]
     except (ConfigError, LakeError, duckdb.Error) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -29,6 +29,6 @@ def curate_command(
                   f"duplicate {counts.duplicate:,} · near duplicate {counts.near_duplicate:,} · "
                   f"contaminated {counts.contaminated:,} · unverifiable {counts.unverifiable:,}")
     if covered:
-        console.print(f"[yellow]{len(covered):,} eval items are covered by tasks of earlier cycles[/yellow] "
-                      "(see tasks.curate.covered_eval_items)")
+        console.print(f"[yellow]{covered:,} eval items are covered by tasks in the lake[/yellow] "
+                      f"({counts.coverage_rows:,} new rows): flywheel sql \"SELECT * FROM eval_coverage\"")
     console.print("why: flywheel sql \"SELECT decision, evidence FROM decisions WHERE log_id = '...'\"")
