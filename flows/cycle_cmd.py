@@ -17,6 +17,14 @@ def cycle_command(
     samples_per_task: Annotated[int, typer.Option(min=2)] = 8,
 ) -> None:
     """Run one flywheel cycle: ingest -> curate -> (rollout -> verify -> train) x rounds -> evaluate -> promote."""
+    from storage.config_file import ConfigError
+    from tasks.cycle_config import cycle_config
+
+    try:
+        cycle_config()  # fail fast on a bad [cycle] in flywheel.toml, before Prefect starts
+    except ConfigError as exc:
+        Console().print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.flywheel import CycleParams, flywheel_cycle
 

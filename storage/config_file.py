@@ -7,10 +7,12 @@ other sections read `FLYWHEEL_<SECTION>_<FIELD>`, e.g. `FLYWHEEL_INGEST_CHUNK_LI
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import json
 import os
 import tomllib
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -60,6 +62,20 @@ def load_section(cls: type[C], section: str, *, env_prefix: str | None = None,
 
 def lake_settings(toml: dict[str, Any] | None = None) -> LakeSettings:
     return load_section(LakeSettings, "lake", env_prefix="FLYWHEEL_", toml=toml)
+
+
+def parse_env_value(raw: str, hint: Any, name: str) -> Any:
+    """A variable's value for a field typed `hint`, also for the hints nested configs use
+    (tasks/cycle_config.py): `X | None` reads as X, a Literal as its values' type, a
+    Mapping as a dict (JSON)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        hint = next(arm for arm in typing.get_args(hint) if arm is not type(None))
+    elif origin is typing.Literal:
+        hint = type(typing.get_args(hint)[0])
+    elif origin is collections.abc.Mapping:
+        hint = dict
+    return _parse_env(raw, hint, name)
 
 
 def _parse_env(raw: str, hint: Any, name: str) -> Any:

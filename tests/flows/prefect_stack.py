@@ -146,11 +146,13 @@ def register_in_process(server: PrefectServer, workdir: Path, schedule=None) -> 
 # --- docker-compose's services, natively ---------------------------------------------
 
 STACK_SECRET = "stack-secret-0123456789abcdef"
-ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # A cycle small enough for 2 cores (tests/flows/test_flywheel.py has the stage config).
 CYCLE_BODY = {"params": {"cycle_id": "stack-cycle", "rounds": 1, "tasks_per_round": 40, "samples_per_task": 8,
                          "eval_samples": 2}}
+# The gate's threshold in the stack's flywheel.toml: its reason names it, which shows the
+# gpu worker's flow run read the file (domain_tolerance 1: no domain check reason hides it).
+STACK_MIN_GAIN = -0.25
 
 
 @dataclass(frozen=True)
@@ -211,41 +213,17 @@ def wait_for_run(server: PrefectServer, run_id: str, timeout: float) -> str:
     return "TIMED_OUT"
 
 
-def use_tiny_cycle_config(server: PrefectServer) -> None:
-    """Point the registered `flywheel-cycle` at this module's entry point (below): the same
-    Prefect engine, after the tiny stage configuration the cycle tests use. Done through
-    the deployment's job variables, as a user would pick another command per deployment."""
-    found = httpx.post(f"{server.api_url}/deployments/filter", timeout=30,
-                       json={"deployments": {"name": {"any_": ["flywheel-cycle"]}}}).json()
-    (deployment,) = found
-    job_variables = {**deployment["job_variables"],
-                     "command": f"{sys.executable} -m tests.flows.prefect_stack"}
-    done = httpx.patch(f"{server.api_url}/deployments/{deployment['id']}", timeout=30,
-                       json={"job_variables": job_variables})
-    done.raise_for_status()
-
-
 def seed_lake(settings, workdir: Path) -> tuple[str, str]:
     """Bucket, a tiny SFT-warmed production model, an eval set, two landed files; returns their uris
     (a few logs for the ingest deployment, arithmetic failures for the cycle)."""
-    import random
-
     from storage.lake import open_lake
     from storage.objects import ObjectStore
     from tasks.evalsets import register_evalset
     from tasks.model_store import register_model
-    from tests.flows.test_flywheel import _log
+    from tests.flows.test_flywheel import _log, warm_policy
     from tests.tasks.logs import write_logs
-    from trainer.model import init_model
-    from trainer.sft import SFTConfig, run_sft
 
-    rng = random.Random(5)
-    pairs = sorted({(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(400)})
-    train, held = pairs[:360], pairs[360:380]
-    sft = workdir / "sft.jsonl"
-    sft.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "completion": str(a + b)}) + "\n"
-                           for a, b in train))
-    run_sft(init_model(workdir / "init"), sft, workdir / "sft-model", SFTConfig(steps=60, batch_size=64))
+    train, held = warm_policy(workdir)
     evalset = workdir / "arith.jsonl"
     evalset.write_text("".join(json.dumps({"id": f"e{i}", "domain": "math", "prompt": f"What is {a}+{b}?",
                                            "reference": {"answer": str(a + b)}}) + "\n"
@@ -282,7 +260,12 @@ def run_cycle_through_stack(server: PrefectServer, s3, workdir: Path) -> StackRu
     """Start what docker-compose starts (besides the Prefect server and S3, which the caller
     runs), trigger `ingest` then `flywheel-cycle` with signed POSTs, wait for both, stop."""
     from storage.settings import LakeSettings
+    from tests.flows.test_flywheel import SMALL_CONFIG
 
+    # the operator's way to size a cycle: flywheel.toml where `flywheel serve` runs, which
+    # is the working directory of every flow run it registers
+    (workdir / "flywheel.toml").write_text(
+        f"{SMALL_CONFIG}\n[cycle.gate]\nmin_gain = {STACK_MIN_GAIN}\ndomain_tolerance = 1.0\n")
     settings = LakeSettings(home=workdir / "home", s3_endpoint=s3.endpoint, s3_bucket=f"stack-{uuid.uuid4().hex[:8]}",
                             s3_access_key=s3.access_key, s3_secret_key=s3.secret_key)
     scheduler, dash, worker_dash, cpu_health, gpu_health = (services.free_port() for _ in range(5))
@@ -290,8 +273,7 @@ def run_cycle_through_stack(server: PrefectServer, s3, workdir: Path) -> StackRu
            "FLYWHEEL_S3_BUCKET": settings.s3_bucket, "FLYWHEEL_S3_ACCESS_KEY": settings.s3_access_key,
            "FLYWHEEL_S3_SECRET_KEY": settings.s3_secret_key, "FLYWHEEL_WEBHOOK_SECRET": STACK_SECRET,
            "DASK_SCHEDULER_ADDRESS": f"tcp://127.0.0.1:{scheduler}", "PREFECT_WORKER_WEBSERVER_HOST": "127.0.0.1",
-           "PREFECT_WORKER_QUERY_SECONDS": "2", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(ROOT)}  # the gpu pool's flow runs start `-m tests.flows.prefect_stack`
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "OMP_NUM_THREADS": "1"}
     drop_pending_runs(server)
     started: dict[str, tuple[subprocess.Popen, Path]] = {}
     try:
@@ -312,7 +294,6 @@ def run_cycle_through_stack(server: PrefectServer, s3, workdir: Path) -> StackRu
             wait_http(f"http://127.0.0.1:{port}/health", *started[name])
         hook, hook_url = start_webhook(server, workdir, env)
         started["webhook"] = (hook, workdir / "webhook.log")
-        use_tiny_cycle_config(server)  # after `flywheel serve` registered (its health answers only then)
 
         ingest = signed_post(f"{hook_url}/hooks/ingest", {"paths": [ingest_uri], "cycle_id": "stack-test"})
         ingest.update(uri=ingest_uri, state=wait_for_run(server, ingest["flow_run_id"], 300))
@@ -333,18 +314,3 @@ def _dask_usage(address: str) -> tuple[list[str], int]:
     with Client(address, timeout=30) as client:
         prefixes = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
         return prefixes, len(client.scheduler_info()["workers"])
-
-
-def run_flow_with_tiny_config() -> None:
-    """The gpu pool's command in the stack test: `python -m prefect.engine`, after the tiny
-    stage configuration (the transformers engine, two GRPO steps) of the cycle tests."""
-    import runpy
-
-    from tests.flows.test_flywheel import SMALL_CONFIG
-
-    exec(SMALL_CONFIG, {})
-    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    run_flow_with_tiny_config()

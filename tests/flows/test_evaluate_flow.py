@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -46,17 +45,16 @@ def eval_home(tmp_path_factory):
 
 
 @pytest.fixture
-def run_in(eval_home, prefect_server, monkeypatch):
+def run_in(eval_home, prefect_server, monkeypatch, tmp_path):
     """Runs flows in this process against the session's Prefect server, with the tiny engine."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
-    from tasks import cycle_tasks as ct
-    from trainer.engine import EngineConfig
-
     monkeypatch.setenv("FLYWHEEL_HOME", str(eval_home["home"]))
-    engine = EngineConfig(backend="transformers", n=SAMPLES, max_tokens=6, temperature=1.0)
-    monkeypatch.setattr(ct, "CONFIG", replace(ct.CONFIG, evaluate=replace(ct.CONFIG.evaluate, engine=engine, k=2)))
+    config = tmp_path / "flywheel.toml"
+    config.write_text(f'[cycle.evaluate]\nk = 2\n[cycle.evaluate.engine]\nbackend = "transformers"\nn = {SAMPLES}\n'
+                      'max_tokens = 6\ntemperature = 1.0\n')
+    monkeypatch.setenv("FLYWHEEL_CONFIG", str(config))
     with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
         yield
         # ship the runs' logs and events now: at exit they would be retried against a stopped server

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -27,18 +27,29 @@ pytestmark = pytest.mark.slow
 TABLES = ("ingest_batches", "failure_logs", "quarantine", "eval_items", "tasks", "decisions", "rollouts",
           "verdicts", "train_steps", "models", "evaluations", "cycles", "cycle_stages", "minhash_signatures")
 
-# The cycle's configuration for tests: small and quick. The transformers engine stands
-# in for vLLM's process start-up (vLLM itself is covered by tests/trainer/test_engine.py).
+# The cycle's configuration for tests, as an operator writes it in flywheel.toml: small
+# and quick. The transformers engine stands in for vLLM's process start-up (vLLM itself
+# is covered by tests/trainer/test_engine.py).
 SMALL_CONFIG = textwrap.dedent("""
-    from dataclasses import replace
-    from tasks import cycle_tasks as ct
-    from trainer.engine import EngineConfig
-    engine = EngineConfig(backend="transformers", n=4, max_tokens=6, temperature=1.0)
-    ct.CONFIG = replace(ct.CONFIG,
-        rollout=replace(ct.CONFIG.rollout, tasks_per_round=12, engine=engine),
-        train=replace(ct.CONFIG.train, grpo=replace(ct.CONFIG.train.grpo, steps=2, groups_per_step=4,
-                                                    max_tokens=6, checkpoint_every=1)),
-        evaluate=replace(ct.CONFIG.evaluate, engine=replace(engine, n=2), k=2))
+    [cycle.rollout]
+    tasks_per_round = 12
+    [cycle.rollout.engine]
+    backend = "transformers"
+    n = 4
+    max_tokens = 6
+    temperature = 1.0
+    [cycle.train.grpo]
+    steps = 2
+    groups_per_step = 4
+    max_tokens = 6
+    checkpoint_every = 1
+    [cycle.evaluate]
+    k = 2
+    [cycle.evaluate.engine]
+    backend = "transformers"
+    n = 2
+    max_tokens = 6
+    temperature = 1.0
 """)
 
 
@@ -48,24 +59,36 @@ def _log(i: int, a: int, b: int) -> dict:
             "failure": {"kind": "wrong_answer"}, "reference": {"answer": str(a + b)}}
 
 
+def warm_policy(folder: Path) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """SFT-warm a policy into folder/sft-model that is right sometimes; return (trained, held-out) sums.
+
+    The cheapest recipe that gives groups with reward variance: a 2-layer tiny Llama and 60
+    flat-rate steps (the default 4 layers with warm-up need hundreds of steps to get there).
+    """
+    from trainer.model import ModelConfig, init_model
+    from trainer.sft import SFTConfig, run_sft
+
+    rng = random.Random(5)
+    pairs = sorted({(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(400)})
+    train, held = pairs[:360], pairs[360:380]
+    sft = folder / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "completion": str(a + b)}) + "\n"
+                           for a, b in train))
+    run_sft(init_model(folder / "init", ModelConfig(num_hidden_layers=2)), sft, folder / "sft-model",
+            SFTConfig(steps=60, batch_size=64, warmup_steps=0, min_lr_ratio=1.0))
+    return train, held
+
+
 @pytest.fixture(scope="module")
 def cycle_home(tmp_path_factory):
     """A lake with a production model, an eval set and one landing file."""
     from tasks.evalsets import register_evalset
     from tasks.model_store import register_model
-    from trainer.model import init_model
-    from trainer.sft import SFTConfig, run_sft
 
     home = tmp_path_factory.mktemp("cycle") / "home"
     settings = LakeSettings(home=home)
-    rng = random.Random(5)
-    pairs = {(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(400)}
-    train, held = sorted(pairs)[:360], sorted(pairs)[360:380]
-    sft = home / "sft.jsonl"
     home.mkdir(parents=True)
-    sft.write_text("".join(json.dumps({"prompt": f"What is {a}+{b}?", "completion": str(a + b)}) + "\n"
-                           for a, b in train))
-    run_sft(init_model(home / "init"), sft, home / "sft-model", SFTConfig(steps=60, batch_size=64))
+    train, held = warm_policy(home)
     evalset = home / "arith.jsonl"
     evalset.write_text("".join(json.dumps({"id": f"e{i}", "domain": "math", "prompt": f"What is {a}+{b}?",
                                            "reference": {"answer": str(a + b)}}) + "\n" for i, (a, b) in enumerate(held)))
@@ -73,6 +96,7 @@ def cycle_home(tmp_path_factory):
     landing.mkdir()
     logs = [_log(i, a, b) for i, (a, b) in enumerate(train[:40])]
     leak = {**_log(99, *held[0]), "messages": [{"role": "user", "content": f"WHAT   IS {held[0][0]}+{held[0][1]}?"}]}
+    (home / "flywheel.toml").write_text(SMALL_CONFIG)  # FLYWHEEL_CONFIG names it in the tests
     (landing / "traffic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logs + [leak]) + "{broken\n")
     con = open_lake(settings)
     register_evalset(con, "arith", evalset)
@@ -93,7 +117,7 @@ def test_a_cycle_fills_every_table_and_publishes_artifacts(cycle_home, monkeypat
     from prefect.testing.utilities import prefect_test_harness
 
     monkeypatch.setenv("FLYWHEEL_HOME", str(cycle_home))
-    exec(SMALL_CONFIG, {})
+    monkeypatch.setenv("FLYWHEEL_CONFIG", str(cycle_home / "flywheel.toml"))
     from flows.flywheel import CycleParams, flywheel_cycle
 
     with prefect_test_harness(server_startup_timeout=120):
@@ -124,7 +148,7 @@ def test_a_cycle_fills_every_table_and_publishes_artifacts(cycle_home, monkeypat
         assert (cycle_home / "reports" / "t1" / "summary.md").exists()
 
 
-_RUN_CYCLE = SMALL_CONFIG + textwrap.dedent("""
+_RUN_CYCLE = textwrap.dedent("""
     import sys
     from flows.flywheel import CycleParams, flywheel_cycle
     print(flywheel_cycle(CycleParams(cycle_id=sys.argv[1], rounds=1)))
@@ -132,7 +156,7 @@ _RUN_CYCLE = SMALL_CONFIG + textwrap.dedent("""
 
 
 def test_a_cycle_killed_mid_stage_completes_on_rerun_without_duplicates(cycle_home):
-    env = {**os.environ, "FLYWHEEL_HOME": str(cycle_home)}
+    env = {**os.environ, "FLYWHEEL_HOME": str(cycle_home), "FLYWHEEL_CONFIG": str(cycle_home / "flywheel.toml")}
     proc = subprocess.Popen([sys.executable, "-c", _RUN_CYCLE, "t2"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from storage.lake import open_lake
+from tests.flows.prefect_stack import STACK_MIN_GAIN
 
 pytestmark = pytest.mark.slow
 STAGES = ["ingest", "curate", "rollout", "verify", "train", "evaluate", "promote"]
@@ -60,6 +61,7 @@ def test_a_signed_post_runs_a_whole_cycle_on_the_gpu_pool(stack_run, prefect_ser
     production = _query(settings, "SELECT policy_version FROM models WHERE cycle_id = 'setup'")
     assert parent == production[0][0] and uri.startswith(f"s3://{settings.s3_bucket}/models/")
     assert model_status in ("production", "rejected") and reason.startswith(f"gate in cycle {cycle_id}: ")
+    assert f"min_gain {STACK_MIN_GAIN:+.3f}" in reason, reason  # the worker read the stack's flywheel.toml
     evaluated = dict(_query(settings, "SELECT policy_version, count(*) FROM evaluations WHERE cycle_id = ? "
                                       "GROUP BY 1", [cycle_id]))
     assert set(evaluated) == {version, production[0][0]}
