@@ -15,5 +15,6 @@ class CycleParams(BaseModel):
     rounds: int = Field(1, ge=1, le=50, description="rollout -> verify -> train rounds.")
     tasks_per_round: int = Field(64, ge=1)
     samples_per_task: int = Field(8, ge=2, le=64, description="G, the GRPO group size.")
-    train_steps: int = Field(8, ge=1, le=10_000, description="GRPO optimiser steps per round.")
+    train_steps: int | None = Field(None, ge=1, le=10_000,
+                                    description="GRPO optimiser steps per round; default: [cycle.train.grpo] steps.")
     eval_samples: int = Field(8, ge=1, le=64)

@@ -57,15 +57,16 @@ def run(job_dir: Path) -> None:
     old_logp = score_rows(engine.module, groups.rows, cfg, pad_id, engine.device)
     ref_logp = score_reference(job, groups.rows, pad_id, engine.device)
     start = resume(engine, job, job_dir, rank)
-    for step in range(start, cfg.steps):
+    steps = cfg.steps_for(groups.groups_kept)
+    for step in range(start, steps):
         sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
         sums = reduce_sums(sums, engine.device)
         if rank == 0:
             append_metrics(metrics_path(job_dir), step_metrics(step, sums, groups, cfg, seconds))
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == steps:
             engine.save_checkpoint(str(checkpoint_dir(job_dir)), tag=f"step_{step + 1}",
                                    client_state={"step": step + 1})
-    export_model(engine, job, job_dir, f"step_{cfg.steps}", rank)
+    export_model(engine, job, job_dir, f"step_{steps}", rank)
 
 
 def score_reference(job: TrainJob, rows: list[dict], pad_id: int, device) -> list[list[float]] | None:

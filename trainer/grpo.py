@@ -13,6 +13,7 @@ Not here: sampling (trainer.engine), reading the lake (tasks/train.py), the laun
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,12 @@ from trainer.rollout_data import Groups, pad_batch, step_group_order
 class GRPOConfig:
     """One training job's hyper-parameters (see trainer.loss for the variant)."""
 
-    steps: int = 8                    # optimiser steps in this job
+    steps: int = 8                    # optimiser steps in this job (at most; see max_epochs)
     groups_per_step: int = 32         # prompts (groups of G samples) per step
+    # Passes over the kept groups: the job stops after max_epochs * kept / groups_per_step
+    # steps if that comes first. In the demo, 65 kept groups x 8 steps x 32 = 4 passes
+    # over stale samples drove KL to 0.19 and gave a candidate worse than its parent.
+    max_epochs: float = 2.0
     # Measured on the tiny model (on-policy, 32 prompts x 8 a step): 1e-3 collapsed it
     # (25% -> 0.3%), 1e-4 drifted down, 3e-5 raised held-out pass@1 25% -> 31% in 50 steps.
     lr: float = 3e-5
@@ -65,6 +70,12 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.zero_stage must be 0-3, got {self.zero_stage}")
         if self.checkpoint_every < 1:
             raise ValueError("GRPOConfig.checkpoint_every must be >= 1")
+        if self.max_epochs <= 0:
+            raise ValueError("GRPOConfig.max_epochs must be > 0 (passes over the kept groups)")
+
+    def steps_for(self, groups_kept: int) -> int:
+        """Optimiser steps a job with `groups_kept` groups runs: `steps`, capped by max_epochs."""
+        return max(1, min(self.steps, math.ceil(self.max_epochs * groups_kept / self.groups_per_step)))
 
 
 def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu: bool) -> dict:

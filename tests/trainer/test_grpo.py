@@ -47,3 +47,12 @@ def test_ranks_split_a_step_without_overlap(random_rollouts):
     parts = [rank_rows(groups, 1, cfg, rank=r, world=2)[0] for r in range(2)]
     assert sorted(parts[0] + parts[1]) == sorted(whole) and total == len(whole)
     assert not set(parts[0]) & set(parts[1])
+
+
+def test_steps_are_capped_by_passes_over_the_kept_groups():
+    cfg = GRPOConfig(steps=8, groups_per_step=32, max_epochs=2.0)
+    assert cfg.steps_for(400) == 8         # 8 x 32 = 256 group-uses: under two passes
+    assert cfg.steps_for(65) == 5          # two passes over 65 groups: ceil(130 / 32)
+    assert cfg.steps_for(1) == 1           # a job always takes at least one step
+    with pytest.raises(ValueError, match="max_epochs must be > 0"):
+        GRPOConfig(max_epochs=0)

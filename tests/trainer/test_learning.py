@@ -32,7 +32,8 @@ def test_grpo_raises_mean_reward(tiny_model, tmp_path):
     assert 0.05 < before < 0.9, f"SFT should make the policy right sometimes, got {before}"
     rollouts = write_rollouts(tmp_path / "rollouts.jsonl", samples, train)
     job = write_job(tmp_path / "job", TrainJob(str(tmp_path / "sft"), str(rollouts), GRPOConfig(
-        steps=48, groups_per_step=16, scale_by_std=True, checkpoint_every=48, max_tokens=6)))
+        steps=48, groups_per_step=16, scale_by_std=True, checkpoint_every=48, max_tokens=6,
+        max_epochs=16.0)))  # the test fits these 64 prompts: many passes on purpose
     trained = run_training(job, n_procs=1, device="cpu", timeout_s=600)
     after, _ = mean_reward(trained, train, EngineConfig(backend="transformers", n=8, max_tokens=6, seed=1))
     print(f"mean reward before {before:.3f} after {after:.3f} ({len(train) * 8} samples each)")
