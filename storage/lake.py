@@ -38,8 +38,11 @@ def open_lake(
     """
     read_only = read_only or snapshot is not None
     settings.home.mkdir(parents=True, exist_ok=True)
+    # Spills go under the lake's home: DuckDB's default (./.tmp) would land in whatever
+    # folder the command ran from.
     con = duckdb.connect(config={"threads": settings.duckdb_threads,
-                                 "memory_limit": settings.duckdb_memory_limit})
+                                 "memory_limit": settings.duckdb_memory_limit,
+                                 "temp_directory": str(settings.home / "tmp")})
     _load_extensions(con, settings)
     con.execute("SET TimeZone = 'UTC'")
     if settings.uses_s3:
@@ -124,6 +127,18 @@ class StagedRows:
         finally:
             self.con.unregister(view)
         files.append(path)
+
+    def stage_query(self, table: str, query: str, *, compression: str = "snappy",
+                    row_group_size: int = 122_880) -> None:
+        """Stage the rows of a DuckDB query, written by DuckDB without passing through
+        Python; its result columns must be the table's schema. Snappy is DuckLake's own
+        default codec; smaller row groups make the writer buffer less."""
+        _check_schema(table, self.con.sql(f"SELECT * FROM ({query}) LIMIT 0").to_arrow_table())
+        files = self.files.setdefault(table, [])
+        path = f"{self.prefix}{table}-{len(files):05d}.parquet"
+        options = f"FORMAT parquet, COMPRESSION {compression}, ROW_GROUP_SIZE {int(row_group_size)}"
+        if self.con.execute(f"COPY ({query}) TO '{_quote(path)}' ({options})").fetchone()[0]:
+            files.append(path)  # an empty file is left unregistered, so it stays invisible
 
     def register(self) -> None:
         """Add every staged file to its table; call inside `transaction`."""

@@ -1,17 +1,19 @@
 """Ingest: landed failure-log files become `failure_logs` rows, bad lines `quarantine` rows.
 
 A file is one batch (`batch_id` = sha256 of its bytes). Files are read in chunks
-of `chunk_lines`; each chunk's rows are staged as Parquet and the whole batch
-becomes visible in one DuckLake commit, so memory does not grow with the file, a
-crash leaves no partial rows, and a rerun ingests the batch exactly once. A batch
+(tasks/ingest_lines.py); DuckDB derives each chunk's features and rows
+(tasks/ingest_features.py), the Great Expectations suite (tasks/log_checks.py)
+decides which lines are valid, and the valid rows are staged as Parquet. The whole
+batch becomes visible in one DuckLake commit, so memory does not grow with the file,
+a crash leaves no partial rows, and a rerun ingests the batch exactly once. A batch
 already in `ingest_batches` is skipped and reported as such. Raw files are only
 read, never moved or deleted.
 
-Validation rules live in tasks/log_checks.py; this module moves bytes and rows.
+This module moves bytes and rows; it decides nothing about a line's validity.
 """
 from __future__ import annotations
 
-import gzip
+import contextlib
 import hashlib
 import random
 import tempfile
@@ -22,7 +24,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from prefect import task
@@ -32,8 +33,10 @@ from storage.lake import StagedRows, append_rows, open_lake, transaction
 from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
+from tasks.ingest_features import LOG_ONLY, feature_sql, gx_frame
+from tasks.ingest_lines import read_chunks
 from tasks.ingest_progress import ingest_progress
-from tasks.log_checks import LOG_COLUMNS, LogRules, chunk_sql, explain, first_failures
+from tasks.log_checks import LogRules, explain, first_failures
 
 _SUFFIXES = (".jsonl", ".jsonl.gz")
 
@@ -45,9 +48,12 @@ class IngestError(ValueError):
 @dataclass(frozen=True)
 class IngestConfig:
     rules: LogRules = field(default_factory=LogRules)
-    chunk_lines: int = 20_000
-    """Lines validated and written per step; bounds memory (1M lines: ~0.9 GB peak at
-    20k, ~1 GB at 50k; 10k is 3x slower because each chunk checks every staged one)."""
+    chunk_lines: int = 100_000
+    """Lines validated and written per step at most. Each step pays GX's fixed cost
+    (~0.3 s of CPU), so fewer, larger steps are faster; `chunk_bytes` bounds memory."""
+    chunk_bytes: int = 32 << 20
+    """Bytes of the file read per step (more only for a single longer line). A step
+    holds ~4x this (lines, derived rows, Parquet writer); 1M lines peak ~0.75-0.8 GB."""
     progress_min_bytes: int = 2_000_000
     """Show a progress bar for files larger than this (a few thousand lines)."""
     commit_attempts: int = 5
@@ -56,6 +62,8 @@ class IngestConfig:
     def __post_init__(self) -> None:
         if not 1_000 <= self.chunk_lines <= 1_000_000:
             raise ValueError(f"chunk_lines must be within 1,000..1,000,000, got {self.chunk_lines}")
+        if not 1 << 20 <= self.chunk_bytes <= 1 << 30:
+            raise ValueError(f"chunk_bytes must be within 1 MiB..1 GiB, got {self.chunk_bytes}")
 
 
 @dataclass(frozen=True)
@@ -139,14 +147,12 @@ def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
     ok = bad = 0
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
-    with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance:
-        for chunk, consumed in read_chunks(path, cfg.chunk_lines):
-            logs, quarantined = validate_chunk(con, chunk, batch_id, cycle_id, cfg.rules,
-                                               staged.files.get("failure_logs", []))
-            staged.stage("failure_logs", logs)
-            staged.stage("quarantine", quarantined)
-            ok, bad = ok + logs.num_rows, bad + quarantined.num_rows
+    with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
+        for chunk, consumed in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes):
+            kept, quarantined = ingest_chunk(con, chunk, staged, batch_id, cycle_id, cfg.rules)
+            ok, bad = ok + kept, bad + quarantined
             advance(chunk.num_rows, consumed)
+            del chunk  # let the next chunk's lines replace this one's in memory, not join them
     with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
         staged.register()
         append_rows(con, "ingest_batches", pa.Table.from_pylist([{
@@ -163,111 +169,93 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_chunks(path: Path, chunk_lines: int) -> Iterator[tuple[pa.Table, int]]:
-    """(table of line_no, raw; bytes read so far) for up to chunk_lines non-blank lines.
+# Scratch tables of one batch, beside the lake: the current chunk's derived rows, the
+# lines it drops, and the logs staged so far (repeats across chunks are found by a
+# hash join on these instead of re-reading the staged Parquet).
+_ROWS, _DROP, _SEEN = "temp.main._ingest_rows", "temp.main._ingest_drop", "temp.main._ingest_seen"
 
-    Undecodable UTF-8 becomes a visible U+FFFD in the stored raw line (flagged in
-    `utf8_ok`, so validation quarantines it) instead of aborting the batch.
+
+@contextlib.contextmanager
+def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    # log_id as its 32 raw bytes: half the memory of the hex text for a million-line batch
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_seen (log_id BLOB, line_no BIGINT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_drop (line_no BIGINT)")
+    try:
+        yield
+    finally:
+        for name in (_ROWS, _DROP, _SEEN):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: StagedRows, batch_id: str,
+                 cycle_id: str, rules: LogRules) -> tuple[int, int]:
+    """Validate one chunk (line_no, raw, nbytes, utf8_ok) and stage it; (rows kept, rows quarantined).
+
+    The derived rows stay in DuckDB (memory bounded by its memory_limit); only the
+    features travel to Python for GX, and DuckDB writes the kept rows' Parquet itself.
     """
-    with open(path, "rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
-    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
-        numbers: list[int] = []
-        lines: list[bytes] = []
-        consumed = 0
-        for line_no, line in enumerate(handle, start=1):
-            consumed += len(line)
-            line = line.rstrip(b"\r\n")
-            if not line or line.isspace():
-                continue  # blank lines separate records; they are not records
-            numbers.append(line_no)
-            lines.append(line)
-            if len(lines) == chunk_lines:
-                yield _chunk(numbers, lines), consumed
-                numbers, lines = [], []
-        if lines:
-            yield _chunk(numbers, lines), consumed
-
-
-def _chunk(numbers: list[int], lines: list[bytes]) -> pa.Table:
-    raw = pa.array(lines, pa.binary())
-    try:
-        text, utf8_ok = raw.cast(pa.string()), pa.array(np.ones(len(lines), dtype=bool))  # C++ check
-    except pa.ArrowInvalid:
-        text = pa.array([line.decode("utf-8", errors="replace") for line in lines], pa.string())
-        utf8_ok = pa.array([_is_utf8(line) for line in lines], pa.bool_())
-    return pa.table({"line_no": pa.array(numbers, pa.int64()), "raw": text, "utf8_ok": utf8_ok})
-
-
-def _is_utf8(line: bytes) -> bool:
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def validate_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, batch_id: str, cycle_id: str,
-                   rules: LogRules, earlier: list[str]) -> tuple[pa.Table, pa.Table]:
-    """(failure_logs rows, quarantine rows) of one chunk; `earlier` = this batch's staged logs."""
     # Several record batches let DuckDB scan the chunk on all its threads.
     con.register("_ingest_chunk", pa.Table.from_batches(chunk.to_batches(max_chunksize=8192)))
     try:
-        parsed = con.sql(chunk_sql(rules, "_ingest_chunk")).to_arrow_table()
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_rows AS {feature_sql(rules, '_ingest_chunk')}")
     finally:
         con.unregister("_ingest_chunk")
-    failures = first_failures(parsed.drop_columns(_LOG_ONLY).to_pandas(), rules)
-    line_nos = parsed.column("line_no").to_numpy()
+    features = con.sql(f"SELECT * EXCLUDE ({', '.join(LOG_ONLY)}) FROM {_ROWS}").to_arrow_table()
+    failures = first_failures(gx_frame(features.drop_columns(["line_no"])), rules)
+    line_nos = features.column("line_no").to_numpy()
     bad_lines = {int(line_nos[i]): kind for i, kind in failures.items()}
-    good = np.ones(parsed.num_rows, dtype=bool)
-    good[list(failures)] = False
-    logs = parsed.filter(pa.array(good))
-    repeats = find_repeats(con, logs.select(["log_id", "line_no"]), earlier)
-    if repeats:
-        logs = logs.filter(pc.invert(pc.is_in(logs["line_no"], value_set=pa.array(list(repeats), pa.int64()))))
-    logs = (logs.append_column("batch_id", pa.array([batch_id] * logs.num_rows, pa.string()))
-                .append_column("cycle_id", pa.array([cycle_id] * logs.num_rows, pa.string())))
+    _set_dropped(con, bad_lines)
+    repeats = find_repeats(con)
+    _set_dropped(con, {**bad_lines, **repeats})
+    kept = f"SELECT * FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP})"
+    staged.stage_query("failure_logs", f"""
+        SELECT log_id, {_literal(batch_id)} AS batch_id, line_no, request_id, ts, model, domain, verifier,
+               messages, response, failure_kind, failure_detail, reference, meta, {_literal(cycle_id)} AS cycle_id
+        FROM ({kept})""")
+    con.execute(f"INSERT INTO {_SEEN} SELECT unhex(log_id), line_no FROM ({kept})")
+    con.execute(f"DROP TABLE {_ROWS}")  # free it before the next chunk is read
     quarantined = _quarantine_rows(chunk, bad_lines, repeats, batch_id, cycle_id, rules)
-    return logs.select(SCHEMAS["failure_logs"].names).cast(SCHEMAS["failure_logs"]), quarantined
+    staged.stage("quarantine", quarantined)
+    return features.num_rows - len(bad_lines) - len(repeats), quarantined.num_rows
 
 
-# GX sees every column of chunk_sql except these, which only feed failure_logs.
-_LOG_ONLY = [c for c in LOG_COLUMNS if c not in ("domain", "verifier")]
+def _set_dropped(con: duckdb.DuckDBPyConnection, line_nos: dict[int, str]) -> None:
+    con.execute(f"DELETE FROM {_DROP}")
+    if line_nos:
+        con.register("_ingest_lines", pa.table({"line_no": pa.array(list(line_nos), pa.int64())}))
+        try:
+            con.execute(f"INSERT INTO {_DROP} SELECT line_no FROM _ingest_lines")
+        finally:
+            con.unregister("_ingest_lines")
 
-# Lines identical to an earlier line of this chunk, to one staged from an earlier
-# chunk of this batch, or to a log already in the lake.
-_REPEATS_SQL = """
-SELECT c.log_id, c.line_no, min(c.line_no) OVER (PARTITION BY c.log_id) AS first_line,
-       f.batch_id AS seen_batch, f.line_no AS seen_line
-FROM _ingest_ids c LEFT JOIN (
-  SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM ({known})
-  WHERE log_id IN (SELECT log_id FROM _ingest_ids) GROUP BY log_id) f USING (log_id)
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Valid lines identical to an earlier valid line of this chunk, to one staged from an
+# earlier chunk of this batch, or to a log already in the lake.
+_REPEATS_SQL = f"""
+WITH ids AS (SELECT log_id, line_no FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP}))
+SELECT c.log_id, c.line_no, c.first_line, s.line_no AS seen_line, f.batch_id AS seen_batch, f.line_no AS lake_line
+FROM (SELECT log_id, line_no, min(line_no) OVER (PARTITION BY log_id) AS first_line FROM ids) c
+LEFT JOIN {_SEEN} s ON s.log_id = unhex(c.log_id)
+LEFT JOIN (
+  SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
+  WHERE log_id IN (SELECT log_id FROM ids) GROUP BY log_id) f ON f.log_id = c.log_id
+WHERE f.batch_id IS NOT NULL OR s.line_no IS NOT NULL OR c.first_line <> c.line_no
 """
 
 
-def find_repeats(con: duckdb.DuckDBPyConnection, ids: pa.Table, earlier: list[str]) -> dict[int, str]:
-    known = "SELECT log_id, batch_id, line_no FROM lake.failure_logs"
-    if earlier:
-        files = ", ".join("'" + f.replace("'", "''") + "'" for f in earlier)
-        known += f" UNION ALL SELECT log_id, batch_id, line_no FROM read_parquet([{files}])"
-    con.register("_ingest_ids", ids)
-    try:
-        return _split_repeats(con.sql(_REPEATS_SQL.format(known=known)).to_arrow_table())
-    finally:
-        con.unregister("_ingest_ids")
-
-
-def _split_repeats(logs: pa.Table) -> dict[int, str]:
-    """{line_no: reason} for lines repeating a log already ingested."""
+def find_repeats(con: duckdb.DuckDBPyConnection) -> dict[int, str]:
+    """{line_no: reason} for valid lines repeating a log already ingested or staged."""
     repeats: dict[int, str] = {}
-    flagged = pc.or_(pc.is_valid(logs["seen_batch"]), pc.not_equal(logs["first_line"], logs["line_no"]))
-    suspects = logs.filter(flagged).select(["log_id", "line_no", "first_line", "seen_batch", "seen_line"])
-    for row in suspects.to_pylist():
-        if row["seen_batch"] is not None:
-            repeats[row["line_no"]] = (f"identical to log {row['log_id'][:16]} already ingested "
-                                       f"(batch {row['seen_batch'][:16]}, line {row['seen_line']})")
-        elif row["first_line"] != row["line_no"]:
-            repeats[row["line_no"]] = f"identical to line {row['first_line']} of this file"
+    for log_id, line_no, first_line, seen_line, seen_batch, lake_line in con.sql(_REPEATS_SQL).fetchall():
+        if seen_batch is not None:
+            repeats[line_no] = (f"identical to log {log_id[:16]} already ingested "
+                                f"(batch {seen_batch[:16]}, line {lake_line})")
+        else:
+            repeats[line_no] = f"identical to line {seen_line or first_line} of this file"
     return repeats
 
 
@@ -275,11 +263,11 @@ def _quarantine_rows(chunk: pa.Table, bad_lines: dict[int, str], repeats: dict[i
                      batch_id: str, cycle_id: str, rules: LogRules) -> pa.Table:
     if not bad_lines and not repeats:
         return SCHEMAS["quarantine"].empty_table()
-    wanted = set(bad_lines) | set(repeats)
+    wanted = pa.array(sorted(set(bad_lines) | set(repeats)), pa.int64())
+    lines = chunk.filter(pc.is_in(chunk["line_no"], value_set=wanted))
     rows = []
-    for line_no, raw in zip(chunk.column("line_no").to_pylist(), chunk.column("raw").to_pylist(), strict=True):
-        if line_no not in wanted:
-            continue
+    for line_no, raw in zip(lines["line_no"].to_pylist(), lines["raw"].to_pylist(), strict=True):
+        raw = raw.rstrip("\r\n")  # the chunk keeps each line's ending; the verbatim line has none
         kind = bad_lines.get(line_no, "repeated_log")
         reason = repeats[line_no] if kind == "repeated_log" else explain(kind, raw, rules)
         rows.append({"batch_id": batch_id, "line_no": line_no, "raw": raw, "kind": kind,

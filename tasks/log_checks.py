@@ -3,8 +3,8 @@
 Validation runs per chunk of lines in three vectorised steps:
 
 1. DuckDB parses every line once (yyjson, in C++) and derives one feature row per
-   line: byte size, JSON-ness, field types, roles, content lengths, reference shape,
-   and beside them the `failure_logs` columns, so nothing is parsed twice.
+   line: byte size, JSON-ness, field types, roles, content lengths, reference shape
+   (tasks/ingest_features.py).
 2. The GX suite below checks those features; each expectation carries a `kind`.
    GX returns the failing row indices per expectation (result format COMPLETE).
 3. A line's reason is its first failing expectation in suite order (a line that is
@@ -25,7 +25,7 @@ REQUIRED_FIELDS = ("messages", "response", "domain", "reference", "ts", "model",
 ROLES = ("system", "user", "assistant", "tool")
 # Which reference keys each verifier needs (DESIGN.md: verifier spec).
 _TEXT = ("VARCHAR",)
-_SCALAR = ("VARCHAR", "BIGINT", "UBIGINT", "DOUBLE")
+SCALAR_TYPES = ("VARCHAR", "BIGINT", "UBIGINT", "DOUBLE")
 REQUIRED_TYPES = {  # json_type names DuckDB reports
     "messages": ("ARRAY",), "response": _TEXT, "domain": _TEXT, "reference": ("OBJECT",),
     "ts": _TEXT, "model": _TEXT, "failure": ("OBJECT",), "failure_kind": _TEXT,
@@ -88,95 +88,6 @@ def suite_spec(rules: LogRules) -> list[tuple[str, dict]]:
         ("bad_ts", _in_set("ts_ok", [True])),
     ]
     return spec
-
-
-# Top-level fields pulled out of each line in one parse; later expressions read these
-# small JSON values instead of re-parsing the whole line for every check.
-FIELDS = ("id", "ts", "model", "domain", "verifier", "messages", "response", "failure", "reference", "meta")
-# Columns of chunk_sql's result that GX checks; the rest become failure_logs columns.
-LOG_COLUMNS = ("log_id", "request_id", "ts", "model", "domain", "verifier", "messages", "response",
-               "failure_kind", "failure_detail", "reference", "meta")
-
-
-def chunk_sql(rules: LogRules, source: str) -> str:
-    """Per line of `source` (line_no, raw, utf8_ok): GX features and failure_logs fields.
-
-    One JSON parse per line (json_extract with a list of paths); a line that is not
-    JSON makes try() yield NULL instead of failing the whole chunk.
-    """
-    paths = ", ".join(f"'$.{f}'" for f in FIELDS)
-    fields = ", ".join(f"v[{i + 1}] AS f_{name}" for i, name in enumerate(FIELDS))
-    verifier_of_domain = " ".join(f"WHEN '{d}' THEN '{v}'" for d, v in rules.domain_map.items())
-    sub = {"failure_kind": "json_type(f_failure, '$.kind')", "failure_detail": "json_type(f_failure, '$.detail')"}
-    types = ",\n  ".join(f"{sub.get(name, f'json_type(f_{name})')} AS t_{name}"
-                         for name in {**REQUIRED_TYPES, **OPTIONAL_TYPES})
-    missing = " + ".join(f"(f_{name} IS NULL)::INT" for name in REQUIRED_FIELDS)
-    roles = ", ".join(f"'{r}'" for r in ROLES)
-    scalar = ", ".join(repr(t) for t in _SCALAR)
-    return f"""
-WITH parsed AS (
-  SELECT line_no, utf8_ok, raw, strlen(raw) AS nbytes, try(json_extract(raw, [{paths}])) AS v
-  FROM {source}
-), fields AS (
-  SELECT line_no, utf8_ok, nbytes, v IS NOT NULL AS is_json,
-    CASE WHEN v IS NULL THEN 'INVALID'
-         WHEN list_bool_and(list_transform(v, x -> x IS NULL)) THEN json_type(raw)
-         ELSE 'OBJECT' END AS top_type,
-    {fields}
-  FROM parsed
-), typed AS (
-  SELECT *,
-  CASE WHEN top_type = 'OBJECT' THEN {missing} ELSE 0 END AS n_missing,
-  {types},
-  json_array_length(f_messages) AS n_messages,
-  json_type(f_messages, '$[*]') AS item_types,
-  json_type(f_messages, '$[*].role') AS role_types,
-  json_type(f_messages, '$[*].content') AS content_types,
-  json_extract_string(f_messages, '$[*].role') AS roles,
-  json_extract_string(f_messages, '$[*].content') AS contents,
-  f_domain ->> '$' AS domain, f_verifier ->> '$' AS verifier, f_response ->> '$' AS response,
-  f_ts ->> '$' AS ts_text
-  FROM fields
-), shaped AS (
-  SELECT *, coalesce(verifier, CASE domain {verifier_of_domain} END) AS eff_verifier FROM typed
-)
-SELECT line_no, utf8_ok, is_json, top_type,
-  nbytes <= {rules.max_line_bytes} AS size_ok,
-  n_missing = 0 AS has_required,
-  {", ".join(f"t_{n}" for n in {**REQUIRED_TYPES, **OPTIONAL_TYPES})},
-  CASE WHEN t_messages = 'ARRAY' THEN
-    list_bool_and(list_transform(item_types, t -> t = 'OBJECT'))
-    AND len(role_types) = n_messages AND len(content_types) = n_messages
-    AND list_bool_and(list_transform(role_types, t -> t = 'VARCHAR'))
-    AND list_bool_and(list_transform(content_types, t -> t = 'VARCHAR')) END AS messages_well_typed,
-  list_bool_and(list_transform(roles, r -> r IN ({roles}))) AS roles_ok,
-  n_messages >= 1 AND list_min(list_transform(contents, c -> length(trim(c)))) >= 1
-    AND list_contains(roles, 'user') AS content_ok,
-  n_messages <= {rules.max_messages}
-    AND coalesce(list_sum(list_transform(contents, c -> length(c))), 0) <= {rules.max_content_chars}
-    AND coalesce(length(response), 0) <= {rules.max_response_chars} AS size_limits_ok,
-  domain, verifier,
-  CASE eff_verifier
-    WHEN 'math' THEN coalesce(json_type(f_reference, '$.answer') IN ({scalar}), false)
-    WHEN 'exact' THEN coalesce(json_type(f_reference, '$.answer') IN ({scalar}), false)
-    WHEN 'code' THEN coalesce(json_type(f_reference, '$.entry_point') = 'VARCHAR'
-         AND regexp_full_match(f_reference ->> '$.entry_point', '[A-Za-z_][A-Za-z0-9_]*')
-         AND json_type(f_reference, '$.tests') = 'VARCHAR'
-         AND contains(f_reference ->> '$.tests', 'def check')
-         AND coalesce(json_type(f_reference, '$.solution'), 'VARCHAR') = 'VARCHAR', false)
-    WHEN 'json_schema' THEN coalesce(json_type(f_reference, '$.schema') = 'OBJECT', false)
-  END AS reference_ok,
-  TRY_CAST(ts_text AS TIMESTAMPTZ) IS NOT NULL AS ts_ok,
-  -- failure_logs fields; log_id hashes the known fields as DuckDB re-serialises them,
-  -- so whitespace and key order do not change it and unknown extra keys do not count
-  sha256(list_value({", ".join(f"f_{f}" for f in FIELDS)})::VARCHAR) AS log_id,
-  f_id ->> '$' AS request_id, TRY_CAST(ts_text AS TIMESTAMPTZ) AS ts, f_model ->> '$' AS model,
-  f_messages::VARCHAR AS messages, response,
-  f_failure ->> '$.kind' AS failure_kind, f_failure ->> '$.detail' AS failure_detail,
-  f_reference::VARCHAR AS reference,
-  CASE WHEN json_type(f_meta) = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
-FROM shaped
-"""
 
 
 _VALIDATORS: dict[str, tuple] = {}

@@ -1,7 +1,6 @@
 """Ingest: valid rows land, every bad line is kept with its reason, batches are atomic."""
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -90,6 +89,18 @@ def test_repeated_logs_are_quarantined_not_duplicated(lake_settings, tmp_path):
     assert reasons[0].startswith("identical to log") and "line 3" in reasons[0]
     assert reasons[1] == "identical to line 1 of this file"
     assert _count(con, "failure_logs") == 15
+
+
+def test_a_repeat_in_a_later_chunk_names_the_first_line(lake_settings, tmp_path):
+    # 1,500 logs are two chunks of CFG; the repeats of line 3 sit in the second one
+    path = write_logs(tmp_path / "logs.jsonl", 1500, extra_lines=[json.dumps(valid_log(2))] * 2)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (1500, 2)
+    rows = con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert rows == [(1501, "repeated_log", "identical to line 3 of this file"),
+                    (1502, "repeated_log", "identical to line 3 of this file")]
+    assert con.execute("SELECT count(DISTINCT log_id) FROM lake.failure_logs").fetchone()[0] == 1500
 
 
 def test_gzip_folders_blank_lines_and_bad_utf8(lake_settings, tmp_path):
