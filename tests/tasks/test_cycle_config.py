@@ -5,6 +5,7 @@ threshold the stack's flywheel.toml set.)"""
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,9 @@ def test_flywheel_cycle_refuses_a_bad_section_with_the_path_not_a_traceback(tmp_
     assert result.exit_code == 2, result.output
     assert "cycle.train.grpo.lrr is not a setting; known: steps" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "home").exists()  # nothing ran
+
+
+def test_the_compose_stacks_config_file_is_valid():
+    path = Path(__file__).resolve().parents[2] / "config" / "flywheel.toml"
+    cfg = cycle_config_from(tomllib.loads(path.read_text())["cycle"])
+    assert cfg.train.grpo.lr == 3e-5 and cfg.rollout.engine.backend == "vllm"
