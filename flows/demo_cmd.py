@@ -52,5 +52,7 @@ def print_demo_table(rows: list[dict], home: Path) -> None:
         table.add_row(str(row["cycle"]), row["production"], rate, str(kept), str(trained) if summary else "",
                       gate[:60], stages, f"{cycle_s:.0f}" if summary else "",
                       f"{overhead:.0f}s ({overhead / cycle_s:.0%})" if summary and cycle_s else "")
-    Console().print(table)
-    Console().print(f"reports: {home / 'reports'}")
+    # Wide enough for the per-stage seconds even when stdout is a log file (rich assumes 80).
+    console = Console(width=max(Console().width, 200))
+    console.print(table)
+    console.print(f"reports: {home / 'reports'}")
