@@ -33,7 +33,7 @@ from storage.lake import StagedRows, append_rows, open_lake, transaction
 from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
-from tasks.ingest_features import LOG_ONLY, feature_sql, gx_frame
+from tasks.ingest_features import LOG_ONLY, feature_sql
 from tasks.ingest_lines import read_chunks
 from tasks.ingest_progress import ingest_progress
 from tasks.log_checks import LogRules, explain, first_failures
@@ -56,6 +56,10 @@ class IngestConfig:
     holds ~4x this (lines, derived rows, Parquet writer); 1M lines peak ~0.75-0.8 GB."""
     progress_min_bytes: int = 2_000_000
     """Show a progress bar for files larger than this (a few thousand lines)."""
+    defer_lines: int = 1_000
+    """After the first chunk, up to this many lines per chunk whose feature rows are new
+    (the odd broken line) wait for one GX call at the batch's end instead of costing
+    their chunk one (~0.25 s each); more than this and the chunk calls GX itself."""
     commit_attempts: int = 5
     """Tries per batch when a concurrent writer's commit conflicts with ours."""
 
@@ -64,6 +68,8 @@ class IngestConfig:
             raise ValueError(f"chunk_lines must be within 1,000..1,000,000, got {self.chunk_lines}")
         if not 1 << 20 <= self.chunk_bytes <= 1 << 30:
             raise ValueError(f"chunk_bytes must be within 1 MiB..1 GiB, got {self.chunk_bytes}")
+        if self.defer_lines < 0:
+            raise ValueError(f"defer_lines must be >= 0, got {self.defer_lines}")
 
 
 @dataclass(frozen=True)
@@ -147,12 +153,17 @@ def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
     ok = bad = 0
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
+    verdicts: dict[tuple, str | None] = {}
     with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
-        for chunk, consumed in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes):
-            kept, quarantined = ingest_chunk(con, chunk, staged, batch_id, cycle_id, cfg.rules)
+        for step, (chunk, consumed) in enumerate(read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes)):
+            # The first chunk is judged whole; later ones defer the odd line of a new shape.
+            kept, quarantined = ingest_chunk(con, chunk, staged, batch_id, cycle_id, cfg.rules, verdicts,
+                                             defer_at_most=cfg.defer_lines if step else 0)
             ok, bad = ok + kept, bad + quarantined
             advance(chunk.num_rows, consumed)
             del chunk  # let the next chunk's lines replace this one's in memory, not join them
+        kept, quarantined = ingest_deferred(con, staged, batch_id, cycle_id, cfg.rules, verdicts)
+        ok, bad = ok + kept, bad + quarantined
     with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
         staged.register()
         append_rows(con, "ingest_batches", pa.Table.from_pylist([{
@@ -173,6 +184,7 @@ def file_sha256(path: Path) -> str:
 # lines it drops, and the logs staged so far (repeats across chunks are found by a
 # hash join on these instead of re-reading the staged Parquet).
 _ROWS, _DROP, _SEEN = "temp.main._ingest_rows", "temp.main._ingest_drop", "temp.main._ingest_seen"
+_DEFERRED = "temp.main._ingest_deferred"  # lines of new shapes, judged at the batch's end
 
 
 @contextlib.contextmanager
@@ -183,27 +195,54 @@ def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     try:
         yield
     finally:
-        for name in (_ROWS, _DROP, _SEEN):
+        for name in (_ROWS, _DROP, _SEEN, _DEFERRED):
             con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: StagedRows, batch_id: str,
-                 cycle_id: str, rules: LogRules) -> tuple[int, int]:
+                 cycle_id: str, rules: LogRules, verdicts: dict[tuple, str | None], *,
+                 defer_at_most: int = 0) -> tuple[int, int]:
     """Validate one chunk (line_no, raw, nbytes, utf8_ok) and stage it; (rows kept, rows quarantined).
 
-    The derived rows stay in DuckDB (memory bounded by its memory_limit); only the
-    features travel to Python for GX, and DuckDB writes the kept rows' Parquet itself.
+    The derived rows stay in DuckDB (memory bounded by its memory_limit); only distinct
+    feature rows travel to Python for GX, and DuckDB writes the kept rows' Parquet itself.
+    `verdicts` carries GX's verdicts from chunk to chunk of one batch. Up to
+    `defer_at_most` lines whose feature rows are new are set aside for
+    `ingest_deferred` instead of costing this chunk a GX call of their own.
     """
     # Several record batches let DuckDB scan the chunk on all its threads.
     con.register("_ingest_chunk", pa.Table.from_batches(chunk.to_batches(max_chunksize=8192)))
     try:
         con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_rows AS {feature_sql(rules, '_ingest_chunk')}")
+        bad_lines, deferred = judge_lines(con, rules, verdicts, defer_at_most=defer_at_most)
+        if deferred:
+            _set_dropped(con, dict.fromkeys(deferred, "deferred"))
+            aside = f"""SELECT r.*, c.raw FROM {_ROWS} r JOIN _ingest_chunk c USING (line_no)
+                        WHERE line_no IN (SELECT line_no FROM {_DROP})"""
+            con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _ingest_deferred AS {aside} LIMIT 0")
+            con.execute(f"INSERT INTO {_DEFERRED} {aside}")
+            con.execute(f"DELETE FROM {_ROWS} WHERE line_no IN (SELECT line_no FROM {_DROP})")
     finally:
         con.unregister("_ingest_chunk")
-    features = con.sql(f"SELECT * EXCLUDE ({', '.join(LOG_ONLY)}) FROM {_ROWS}").to_arrow_table()
-    failures = first_failures(gx_frame(features.drop_columns(["line_no"])), rules)
-    line_nos = features.column("line_no").to_numpy()
-    bad_lines = {int(line_nos[i]): kind for i, kind in failures.items()}
+    return _stage_judged(con, chunk, bad_lines, staged, batch_id, cycle_id, rules)
+
+
+def ingest_deferred(con: duckdb.DuckDBPyConnection, staged: StagedRows, batch_id: str, cycle_id: str,
+                    rules: LogRules, verdicts: dict[tuple, str | None]) -> tuple[int, int]:
+    """Judge and stage the lines `ingest_chunk` set aside, all in one GX call."""
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_ingest_deferred'").fetchone()[0]:
+        return 0, 0
+    lines = con.sql(f"SELECT line_no, raw FROM {_DEFERRED}").to_arrow_table()
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_rows AS SELECT * EXCLUDE (raw) FROM {_DEFERRED}")
+    con.execute(f"DROP TABLE {_DEFERRED}")
+    bad_lines, _ = judge_lines(con, rules, verdicts)
+    return _stage_judged(con, lines, bad_lines, staged, batch_id, cycle_id, rules)
+
+
+def _stage_judged(con: duckdb.DuckDBPyConnection, lines: pa.Table, bad_lines: dict[int, str],
+                  staged: StagedRows, batch_id: str, cycle_id: str, rules: LogRules) -> tuple[int, int]:
+    """Stage the judged rows of _ROWS: valid non-repeats as logs, the rest (raw from `lines`) as quarantine."""
+    n_rows = con.execute(f"SELECT count(*) FROM {_ROWS}").fetchone()[0]
     _set_dropped(con, bad_lines)
     repeats = find_repeats(con)
     _set_dropped(con, {**bad_lines, **repeats})
@@ -214,9 +253,40 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: Staged
         FROM ({kept})""")
     con.execute(f"INSERT INTO {_SEEN} SELECT unhex(log_id), line_no FROM ({kept})")
     con.execute(f"DROP TABLE {_ROWS}")  # free it before the next chunk is read
-    quarantined = _quarantine_rows(chunk, bad_lines, repeats, batch_id, cycle_id, rules)
+    quarantined = _quarantine_rows(lines, bad_lines, repeats, batch_id, cycle_id, rules)
     staged.stage("quarantine", quarantined)
-    return features.num_rows - len(bad_lines) - len(repeats), quarantined.num_rows
+    return n_rows - len(bad_lines) - len(repeats), quarantined.num_rows
+
+
+def judge_lines(con: duckdb.DuckDBPyConnection, rules: LogRules, verdicts: dict[tuple, str | None], *,
+                defer_at_most: int = 0) -> tuple[dict[int, str], list[int]]:
+    """({line_no: kind} for the lines of _ROWS the GX suite rejects, lines left unjudged).
+
+    Every expectation of the suite is row-wise over the features, so lines with equal
+    feature rows share one verdict: GX validates each distinct feature row (tens per
+    batch, not tens of thousands of lines) and its verdict applies to all its lines.
+    A feature row already judged in this batch (`verdicts`) is not validated again.
+    A GX call costs ~0.25 s however few its rows, so when new feature rows cover at
+    most `defer_at_most` lines (the odd broken line), those lines are left unjudged.
+    """
+    groups = con.sql(f"""SELECT * EXCLUDE (line_no), count(*) AS n_lines, list(line_no) AS line_nos
+        FROM (SELECT * EXCLUDE ({', '.join(LOG_ONLY)}) FROM {_ROWS}) GROUP BY ALL""").to_arrow_table()
+    features = groups.drop_columns(["n_lines", "line_nos"])
+    keys = list(zip(*(column.to_pylist() for column in features.columns)))
+    unseen = [i for i, key in enumerate(keys) if key not in verdicts]
+    line_nos = groups.column("line_nos")
+    if unseen and sum(groups.column("n_lines")[i].as_py() for i in unseen) <= defer_at_most:
+        return _lines_of(keys, line_nos, verdicts), [n for i in unseen for n in line_nos[i].as_py()]
+    if unseen:
+        failures = first_failures(features.take(unseen).to_pandas(), rules)
+        verdicts.update((keys[i], failures.get(position)) for position, i in enumerate(unseen))
+    return _lines_of(keys, line_nos, verdicts), []
+
+
+def _lines_of(keys: list[tuple], line_nos: pa.ChunkedArray, verdicts: dict[tuple, str | None]) -> dict[int, str]:
+    """{line_no: kind} of the groups judged invalid."""
+    return {line_no: verdicts[key] for i, key in enumerate(keys) if verdicts.get(key)
+            for line_no in line_nos[i].as_py()}
 
 
 def _set_dropped(con: duckdb.DuckDBPyConnection, line_nos: dict[int, str]) -> None:

@@ -5,15 +5,13 @@ size, JSON-ness, field types, roles, content lengths, reference shape (the colum
 the suite in tasks/log_checks.py checks), and beside them the `failure_logs`
 columns, so nothing is parsed twice and Python never loops over lines.
 
-Speed matters here (this query is most of an ingest's time), hence two habits:
+Speed matters here (this query is most of an ingest's time), hence three habits:
 a type is read from the first character of the re-serialised (minified) JSON value
-instead of parsing the value again, and a nested value (messages, reference) is
-parsed once for all its checks. Nothing here decides validity; the suite does.
+instead of parsing the value again; a nested value (messages, reference, failure)
+is parsed once for all its checks; and strings are compared as JSON text where that
+is exact. Nothing here decides validity; the suite does.
 """
 from __future__ import annotations
-
-import pandas as pd
-import pyarrow as pa
 
 from tasks.log_checks import OPTIONAL_TYPES, REQUIRED_FIELDS, REQUIRED_TYPES, ROLES, SCALAR_TYPES, LogRules
 
@@ -38,12 +36,15 @@ def feature_sql(rules: LogRules, source: str) -> str:
     """Per line of `source` (line_no, raw, nbytes, utf8_ok): GX features and failure_logs fields.
 
     A line that is not JSON makes try() yield NULL instead of failing the whole query.
+    Each nested value is parsed once more, and only when it has the right type: the
+    messages into (role, content) JSON pairs, the reference into the keys verifiers
+    read, the failure into kind and detail.
     """
     paths = ", ".join(f"'$.{f}'" for f in FIELDS)
     fields = ", ".join(f"v[{i + 1}] AS f_{name}" for i, name in enumerate(FIELDS))
     no_field = " AND ".join(f"v[{i + 1}] IS NULL" for i in range(len(FIELDS)))
-    sub = {"failure_kind": "json_type(f_failure, '$.kind')", "failure_detail": "json_type(f_failure, '$.detail')"}
-    types = ",\n  ".join(f"{sub.get(name) or json_type_sql(f'f_{name}')} AS t_{name}"
+    of_failure = {"failure_kind": "fk[1]", "failure_detail": "fk[2]"}
+    types = ",\n  ".join(f"{json_type_sql(of_failure.get(name) or f'f_{name}')} AS t_{name}"
                          for name in {**REQUIRED_TYPES, **OPTIONAL_TYPES})
     missing = " + ".join(f"(f_{name} IS NULL)::INT" for name in REQUIRED_FIELDS)
     ref_paths = ", ".join(f"'$.{k}'" for k in _REF_KEYS)
@@ -51,26 +52,27 @@ def feature_sql(rules: LogRules, source: str) -> str:
 WITH parsed AS (
   SELECT line_no, utf8_ok, nbytes, raw, try(json_extract(raw, [{paths}])) AS v FROM {source}
 ), fields AS (
-  SELECT line_no, utf8_ok, nbytes, v IS NOT NULL AS is_json,
+  SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AS is_json,
     CASE WHEN v IS NULL THEN 'INVALID' WHEN {no_field} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
     {fields}
   FROM parsed
-), typed AS (
+), nested AS (
   SELECT *,
   CASE WHEN top_type = 'OBJECT' THEN {missing} ELSE 0 END AS n_missing,
-  {types},
-  json_array_length(f_messages) AS n_messages,
-  json_type(f_messages, '$[*]') AS item_types,
-  json_type(f_messages, '$[*].role') AS role_types,
-  json_type(f_messages, '$[*].content') AS content_types,
-  json_extract_string(f_messages, '$[*].role') AS roles,
-  json_extract_string(f_messages, '$[*].content') AS contents,
-  json_extract(f_reference, [{ref_paths}]) AS ref_v,
+  -- an item that is not an object yields NULL role and content, so it fails the type check
+  CASE WHEN left(f_messages, 1) = '[' THEN json_transform(f_messages, '[{{"role":"JSON","content":"JSON"}}]') END AS msgs,
+  CASE WHEN left(f_reference, 1) = '{{' THEN json_extract(f_reference, [{ref_paths}]) END AS ref_v,
+  CASE WHEN left(f_failure, 1) = '{{' THEN json_extract(f_failure, ['$.kind', '$.detail']) END AS fk,
   f_domain ->> '$' AS domain, f_verifier ->> '$' AS verifier, f_response ->> '$' AS response,
   TRY_CAST(f_ts ->> '$' AS TIMESTAMPTZ) AS ts
   FROM fields
-), shaped AS (
-  SELECT *, coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier FROM typed
+), typed AS (
+  SELECT *, {types},
+  CASE WHEN f_messages IS NOT NULL THEN coalesce(len(msgs), 0) END AS n_messages,
+  list_transform(msgs, m -> m.role) AS roles_json,
+  list_transform(msgs, m -> json_extract_string(m.content, '$')) AS contents,
+  coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier
+  FROM nested
 )
 SELECT line_no, utf8_ok, is_json, top_type,
   nbytes <= {rules.max_line_bytes} AS size_ok,
@@ -82,13 +84,13 @@ SELECT line_no, utf8_ok, is_json, top_type,
   ts IS NOT NULL AS ts_ok,
   -- failure_logs fields; log_id hashes the known fields as DuckDB re-serialises them,
   -- so whitespace and key order do not change it and unknown extra keys do not count
-  sha256(list_value({", ".join(f"f_{f}" for f in FIELDS)})::VARCHAR) AS log_id,
+  sha256(v::VARCHAR) AS log_id,
   f_id ->> '$' AS request_id, ts, f_model ->> '$' AS model,
   f_messages::VARCHAR AS messages, response,
-  f_failure ->> '$.kind' AS failure_kind, f_failure ->> '$.detail' AS failure_detail,
+  fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
   f_reference::VARCHAR AS reference,
   CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
-FROM shaped
+FROM typed
 """
 
 
@@ -97,16 +99,16 @@ def _verifier_of_domain(rules: LogRules) -> str:
 
 
 def _messages_sql(rules: LogRules) -> str:
-    roles = ", ".join(f"'{r}'" for r in ROLES)
-    # trim() strips spaces only, so "length(trim(c)) >= 1" is "c has a non-space character"
+    # Roles are compared as JSON text: DuckDB writes strings minimally escaped, so
+    # '"user"' is exactly the value user however the line spelled it.
+    roles = ", ".join(f"'\"{r}\"'" for r in ROLES)
+    # trim() strips spaces only, so "c has a non-space character" is regexp '[^ ]'
     return f"""CASE WHEN t_messages = 'ARRAY' THEN
-    list_bool_and(list_transform(item_types, t -> t = 'OBJECT'))
-    AND len(role_types) = n_messages AND len(content_types) = n_messages
-    AND list_bool_and(list_transform(role_types, t -> t = 'VARCHAR'))
-    AND list_bool_and(list_transform(content_types, t -> t = 'VARCHAR')) END AS messages_well_typed,
-  list_bool_and(list_transform(roles, r -> r IN ({roles}))) AS roles_ok,
+    list_bool_and(list_transform(msgs, m -> left(m.role, 1) = '"' AND left(m.content, 1) = '"')) END
+    AS messages_well_typed,
+  list_bool_and(list_transform(roles_json, r -> r IN ({roles}))) AS roles_ok,
   n_messages >= 1 AND list_bool_and(list_transform(contents, c -> regexp_matches(c, '[^ ]')))
-    AND list_contains(roles, 'user') AS content_ok,
+    AND list_contains(roles_json, '"user"') AS content_ok,
   n_messages <= {rules.max_messages}
     AND coalesce(list_sum(list_transform(contents, c -> length(c))), 0) <= {rules.max_content_chars}
     AND coalesce(length(response), 0) <= {rules.max_response_chars} AS size_limits_ok"""
@@ -125,17 +127,3 @@ def _reference_sql() -> str:
          AND coalesce({solution}, 'VARCHAR') = 'VARCHAR', false)
     WHEN 'json_schema' THEN coalesce({schema} = 'OBJECT', false)
   END"""
-
-
-def gx_frame(features: pa.Table) -> pd.DataFrame:
-    """The features as pandas for GX, every column categorical or plain bool.
-
-    GX copies the whole frame a few times per expectation; with object columns that
-    dominates validation, with 1-byte category codes it is cheap. Category values
-    and NULLs are unchanged, so every expectation sees the same values.
-    """
-    columns = {}
-    for name, column in zip(features.column_names, features.columns):
-        plain_bool = pa.types.is_boolean(column.type) and column.null_count == 0
-        columns[name] = column if plain_bool else column.combine_chunks().dictionary_encode()
-    return pa.table(columns).to_pandas()

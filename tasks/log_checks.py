@@ -7,6 +7,8 @@ Validation runs per chunk of lines in three vectorised steps:
    (tasks/ingest_features.py).
 2. The GX suite below checks those features; each expectation carries a `kind`.
    GX returns the failing row indices per expectation (result format COMPLETE).
+   Every expectation is row-wise, so the caller validates each distinct feature
+   row once and applies its verdict to every line that has it (tasks/ingest.py).
 3. A line's reason is its first failing expectation in suite order (a line that is
    not JSON also "lacks" every field; only "not valid JSON" is worth saying), worded
    by a Python `explain_*` function that looks at that one bad line.

@@ -1,6 +1,7 @@
 """Ingest: valid rows land, every bad line is kept with its reason, batches are atomic."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -239,3 +240,35 @@ def test_an_s3_uri_naming_one_object_is_that_object_alone(s3_lake_settings, tmp_
     assert discover_sources([f"s3://{bucket}/nothing/"], s3_lake_settings, allow_empty=True) == []
     with pytest.raises(IngestError, match="no .jsonl"):
         discover_sources([f"s3://{bucket}/nothing/"], s3_lake_settings)
+
+
+def test_lines_of_new_shapes_in_later_chunks_wait_for_one_gx_call(lake_settings, tmp_path, monkeypatch):
+    """Deferring the odd broken line changes no verdict, only how often GX is called."""
+    import tasks.ingest as ingest
+
+    calls = []
+    judge = ingest.first_failures
+    monkeypatch.setattr(ingest, "first_failures", lambda frame, rules: calls.append(len(frame)) or judge(frame, rules))
+    broken = [line for line, _ in MALFORMED.values()]
+    path = write_logs(tmp_path / "spread.jsonl", 3000, extra_lines=[])
+    lines = path.read_text().splitlines()
+    for offset, line in enumerate(broken):  # into the second and third chunks
+        lines.insert(1200 + 97 * offset, line)
+    # a valid log of a new shape (its own verifier) is deferred too, and so is its repeat
+    novel = json.dumps({**valid_log(7, seed=5), "verifier": "exact"})
+    lines[1500:1500] = [novel]
+    lines.append(novel)
+    path.write_text("\n".join(lines) + "\n")
+    outcomes = {}
+    for defer in (0, 1000):
+        con = open_lake(dataclasses.replace(lake_settings, home=tmp_path / f"lake-{defer}"))
+        calls.clear()
+        ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000, defer_lines=defer), "c1")
+        outcomes[defer] = (con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall(),
+                           con.execute("SELECT sum(line_no), count(*) FROM lake.failure_logs").fetchone())
+        con.close()
+        # chunk 1, then chunks 2 and 3 each meet new shapes (undeferred), or once at the end
+        assert len(calls) == (2 if defer else 3), calls
+    assert outcomes[0] == outcomes[1000]
+    assert len(outcomes[0][0]) == len(broken) + 1 and outcomes[0][0][-1][1] == "repeated_log"
+    assert outcomes[0][1][1] == 3001
