@@ -3,7 +3,7 @@
 flywheel validates every line (DuckDB features + the Great Expectations suite),
 checks repeats against the lake, stages Parquet and commits the batch atomically;
 the baseline only parses the top level and writes Parquet. Both read the same plain
-.jsonl file. --chunk-mb trades memory for fewer GX calls (each ~0.3 s of CPU).
+.jsonl file. --chunk-mb trades memory for fewer, larger steps.
 
     .venv/bin/python bench/ingest.py [--logs 200000] [--chunk-mb 32]
 """

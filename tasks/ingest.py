@@ -49,8 +49,8 @@ class IngestError(ValueError):
 class IngestConfig:
     rules: LogRules = field(default_factory=LogRules)
     chunk_lines: int = 100_000
-    """Lines validated and written per step at most. Each step pays GX's fixed cost
-    (~0.3 s of CPU), so fewer, larger steps are faster; `chunk_bytes` bounds memory."""
+    """Lines validated and written per step at most; `chunk_bytes` bounds memory. Each
+    step writes one Parquet file per table, so fewer, larger steps make fewer files."""
     chunk_bytes: int = 32 << 20
     """Bytes of the file read per step (more only for a single longer line). A step
     holds ~4x this (lines, derived rows, Parquet writer); 1M lines peak ~0.75-0.8 GB."""
