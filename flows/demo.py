@@ -31,6 +31,16 @@ from trainer.sft import SFTConfig, run_sft
 from verifiers.registry import VerifierConfig
 
 
+# The demo's cycle settings, written to flywheel.toml in the demo's home (FLYWHEEL_CONFIG
+# points there while `flywheel demo` runs): an operator tunes a cycle the same way.
+DEMO_TOML = """\
+[cycle.rollout]
+# The ~1M-parameter policy learns arithmetic, not code or JSON: rounds spent on those
+# domains would only produce all-fail groups that GRPO drops.
+domains = ["math"]
+"""
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     cycles: int = 3
@@ -104,6 +114,7 @@ def serve(cfg: DemoConfig, seed: int, eval_items: list[dict]):
 def demo_flow(cfg: DemoConfig = DemoConfig()) -> list[dict]:
     settings = lake_settings()
     home = settings.home
+    (home / "flywheel.toml").write_text(DEMO_TOML)
     eval_items, eval_prompts = register_eval_sets(home, cfg)
     con = open_lake(settings)
     register_model(con, settings, build_production_model(home, cfg, eval_prompts), "demo: SFT-warmed tiny model")

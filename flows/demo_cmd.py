@@ -23,6 +23,7 @@ def demo_command(
         shutil.rmtree(home)
     home.mkdir(parents=True)
     os.environ["FLYWHEEL_HOME"] = str(home.resolve())
+    os.environ["FLYWHEEL_CONFIG"] = str(home.resolve() / "flywheel.toml")  # written by demo_flow
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.demo import DemoConfig, demo_flow
 

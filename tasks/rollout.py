@@ -31,6 +31,9 @@ class RolloutConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Share of the round given to tasks with a pass rate in (0, 1) when there are enough.
     curriculum: bool = True
+    domains: tuple[str, ...] = ()
+    """Train only on tasks of these domains (empty: all). A policy that cannot yet
+    write code wastes a round on code tasks: every group scores 0 and is dropped."""
     recent_rounds: int = 3  # pass rates look at this many most recent rounds per task
     heldout_fraction: float = 0.1  # must equal EvalConfig.heldout_fraction
     seed: int = 0
@@ -40,6 +43,8 @@ class RolloutConfig:
             raise ValueError("RolloutConfig.tasks_per_round must be >= 1")
         if self.recent_rounds < 1:
             raise ValueError("RolloutConfig.recent_rounds must be >= 1")
+        if any(not isinstance(d, str) or not d for d in self.domains):
+            raise ValueError(f"RolloutConfig.domains must be domain names, got {self.domains!r}")
 
 
 CANDIDATES_SQL = """
@@ -67,8 +72,11 @@ def priority(pass_rate: float | None, curriculum: bool) -> int:
 
 
 def select_tasks(candidates: list[dict], cfg: RolloutConfig) -> list[dict]:
-    """Up to tasks_per_round candidates: by curriculum priority, domains taking turns."""
+    """Up to tasks_per_round candidates of the configured domains: by curriculum
+    priority, domains taking turns."""
     rng = random.Random(cfg.seed)
+    if cfg.domains:
+        candidates = [c for c in candidates if c["domain"] in cfg.domains]
     by_domain: dict[str, list[dict]] = {}
     for c in sorted(candidates, key=lambda c: (priority(c["pass_rate"], cfg.curriculum), rng.random())):
         by_domain.setdefault(c["domain"], []).append(c)

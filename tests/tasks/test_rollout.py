@@ -23,6 +23,10 @@ def test_selection_prefers_informative_tasks_and_balances_domains():
     assert "m-new" in chosen and len(chosen) == 4
     flat = select_tasks(candidates, RolloutConfig(tasks_per_round=6, curriculum=False))
     assert sorted(c["task_id"] for c in flat) == sorted(c["task_id"] for c in candidates)
+    only_math = select_tasks(candidates, RolloutConfig(tasks_per_round=6, domains=("math",)))
+    assert sorted(c["task_id"] for c in only_math) == ["m-failed", "m-mixed", "m-new", "m-solved"]
+    with pytest.raises(ValueError, match="domains"):
+        RolloutConfig(domains=("",))
 
 
 def add_tasks(con, problems):
