@@ -16,7 +16,7 @@ def demo_command(
     cycles: Annotated[int, typer.Option(min=1, max=10)] = 3,
     requests: Annotated[int, typer.Option(min=50, help="Production requests served per cycle.")] = 1000,
     rounds: Annotated[int, typer.Option(min=1, help="rollout -> verify -> train rounds per cycle.")] = 3,
-    sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-up steps of the tiny model.")] = 400,
+    sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-up steps of the tiny model.")] = 750,
 ) -> None:
     """Show the flywheel turning: serve, log failures, train, evaluate, promote — 3 times."""
     if home.exists():
