@@ -58,9 +58,11 @@ class DemoConfig:
     train_steps: int = 8  # x 32 groups: each round's kept groups are used about once
     eval_samples: int = 8
     # Measured at temperature 0.3 on fresh additions phrased as production phrases them:
-    # 500 steps (16k pairs) answer 11%, 750 steps 56%, 1000 steps 90% (SFT learns the
-    # carry abruptly). 750 leaves a policy that fails often enough to learn from and
-    # succeeds often enough for GRPO groups to have reward variance. 4k pairs memorise.
+    # 500 steps (16k pairs) answer 11%, 750 steps 56%, 1000 steps 90%; 4k pairs memorise
+    # (400 steps: 9%). SFT learns the carry abruptly, so near 750 steps the outcome
+    # depends on run details: the same recipe with 2 torch threads and the eval prompts
+    # left out of the pairs answered 11%. A policy between the extremes leaves failures
+    # GRPO can learn from; reaching one reliably (SFT to a measured target) is still open.
     sft_pairs: int = 16_000
     sft_steps: int = 750
     seed: int = 0
