@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from safetensors.torch import load_file
 
 from trainer.grpo import GRPOConfig
 from trainer.job import CheckpointError, TrainJob, read_metrics, write_job
-from trainer.launch import run_training, start_training, wait_training
+from trainer.launch import release_shared_memory, run_training, start_training, wait_training
 from trainer.rollout_data import RolloutDataError
 
 
@@ -53,12 +54,16 @@ def test_two_process_run_killed_and_resumed_matches_uninterrupted(tmp_path, tiny
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)  # launcher and both ranks, mid-run
     proc.wait()
+    release_shared_memory(proc)
     assert not (killed / "model").exists()
     done_before_kill = max(m["step"] for m in read_metrics(killed))
     assert done_before_kill < cfg.steps
 
     resumed = wait_training(start_training(killed, n_procs=2, device="cpu"), killed, timeout_s=300)
     reference = wait_training(straight_proc, straight, timeout_s=300)
+    # DeepSpeed's per-rank all-reduce buffers (named after the job's port) are gone
+    ports = {p.args[p.args.index("--master_port") + 1] for p in (straight_proc, proc)}
+    assert not [f for f in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*") if f.name.split("_")[5] in ports]
 
     log = (killed / "train.log").read_text()
     assert "resuming from checkpoint step_" in log
