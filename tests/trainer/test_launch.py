@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from trainer.grpo import GRPOConfig
 from trainer.job import CheckpointError, TrainJob, read_metrics, write_job
-from trainer.launch import release_shared_memory, run_training, start_training, wait_training
+from trainer.launch import release_shared_memory, start_training, wait_training
 from trainer.rollout_data import RolloutDataError
 
 
