@@ -17,3 +17,14 @@ def test_the_table_shows_rates_gate_and_time_outside_stages(capsys):
     assert "900" in out and "65" in out  # tasks kept; groups trained over both rounds
     assert "promoted: gain +0.05" in out and "(final serve)" in out
     assert "10s (12%)" in out  # 80 s cycle, 70 s in stages
+
+
+def test_the_demo_config_is_a_valid_cycle_config():
+    import tomllib
+
+    from flows.demo import DEMO_TOML
+    from tasks.cycle_config import cycle_config_from
+
+    cfg = cycle_config_from(tomllib.loads(DEMO_TOML)["cycle"])
+    assert cfg.rollout.domains == ("math",)
+    assert cfg.evaluate.engine.temperature == 0.3
