@@ -35,9 +35,10 @@ class LakeSettings:
     """Key prefix of the lake's Parquet files inside the bucket."""
     landing_prefix: str = "landing/"
     """Key prefix where serving stacks drop failure logs."""
-    duckdb_memory_limit: str = "256MB"
-    """DuckDB's buffer pool cap per connection; with Python's own ~0.4 GB this keeps
-    an ingest of any file size under 1 GB resident."""
+    duckdb_memory_limit: str = "1GB"
+    """DuckDB's buffer pool cap per connection. An ingest holds one chunk's derived rows
+    (tasks/ingest.py bounds that), so a 1,000,000-line file peaks at ~0.77 GB resident
+    either way; at 256MB DuckDB spilled those rows to disk and ingest ran 1.5x slower."""
     duckdb_threads: int = 2
 
     def __post_init__(self) -> None:

@@ -217,8 +217,11 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: Staged
         bad_lines, deferred = judge_lines(con, rules, verdicts, defer_at_most=defer_at_most)
         if deferred:
             _set_dropped(con, dict.fromkeys(deferred, "deferred"))
-            aside = f"""SELECT r.*, c.raw FROM {_ROWS} r JOIN _ingest_chunk c USING (line_no)
-                        WHERE line_no IN (SELECT line_no FROM {_DROP})"""
+            # Filter both sides first: joining the whole chunk to pick a few lines cost 0.3 s a batch.
+            aside = f"""SELECT r.*, c.raw
+                        FROM (SELECT * FROM {_ROWS} WHERE line_no IN (SELECT line_no FROM {_DROP})) r
+                        JOIN (SELECT line_no, raw FROM _ingest_chunk
+                              WHERE line_no IN (SELECT line_no FROM {_DROP})) c USING (line_no)"""
             con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _ingest_deferred AS {aside} LIMIT 0")
             con.execute(f"INSERT INTO {_DEFERRED} {aside}")
             con.execute(f"DELETE FROM {_ROWS} WHERE line_no IN (SELECT line_no FROM {_DROP})")
