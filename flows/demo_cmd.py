@@ -16,7 +16,8 @@ def demo_command(
     cycles: Annotated[int, typer.Option(min=1, max=10)] = 3,
     requests: Annotated[int, typer.Option(min=50, help="Production requests served per cycle.")] = 1000,
     rounds: Annotated[int, typer.Option(min=1, help="rollout -> verify -> train rounds per cycle.")] = 3,
-    sft_steps: Annotated[int, typer.Option(min=1, help="SFT warm-up steps of the tiny model.")] = 750,
+    sft_target: Annotated[float, typer.Option(min=0.01, max=1.0, help=(
+        "SFT warms the tiny model until greedy decoding answers this share of held-out additions."))] = 0.5,
 ) -> None:
     """Show the flywheel turning: serve, log failures, train, evaluate, promote — 3 times."""
     if home.exists():
@@ -27,7 +28,7 @@ def demo_command(
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.demo import DemoConfig, demo_flow
 
-    rows = demo_flow(DemoConfig(cycles=cycles, requests=requests, rounds=rounds, sft_steps=sft_steps))
+    rows = demo_flow(DemoConfig(cycles=cycles, requests=requests, rounds=rounds, sft_target=sft_target))
     print_demo_table(rows, home)
 
 

@@ -101,10 +101,24 @@ def _connect(address: str | None, n_workers: int, threads_per_worker: int) -> It
     # Workers are fresh interpreters that read Dask's logging config from the environment;
     # without this each one logs its start-up at INFO into the user's terminal.
     quiet = {"DASK_LOGGING__DISTRIBUTED": "error"}
-    with LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR, env=quiet) as cluster, \
-            Client(cluster) as client:
-        yield client
+    # Dask's nanny writes its worker settings (OMP_NUM_THREADS=1, MKL_NUM_THREADS=1, ...)
+    # into this process's os.environ before it spawns a worker and never takes them back:
+    # every later subprocess (a training job, a vLLM worker) then ran on one thread.
+    saved = dict(os.environ)
+    try:
+        with LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
+                          dashboard_address=":0", silence_logs=logging.ERROR, env=quiet) as cluster, \
+                Client(cluster) as client:
+            _restore_environ(saved)
+            yield client
+    finally:
+        _restore_environ(saved)
+
+
+def _restore_environ(saved: dict[str, str]) -> None:
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 def _run_batches(client: Client, batches: list[list[dict]], config: VerifierConfig,

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timezone
 
 import duckdb
 import pyarrow as pa

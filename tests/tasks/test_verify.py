@@ -107,3 +107,14 @@ def test_default_local_cluster_and_empty_input(monkeypatch):
     rows = mixed_rows(6)
     out = verify_rollouts(rows, CONFIG, batch_size=2, progress=True, n_workers=1)
     assert strip_latency(out) == strip_latency([verify_row(row, CONFIG) for row in rows])
+
+
+def test_a_local_cluster_leaves_this_process_environment_as_it_was(monkeypatch):
+    """Dask's nanny sets OMP_NUM_THREADS=1 (and more) in the spawning process; a training
+    job started after verification would have inherited it and run on one thread."""
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    before = dict(os.environ)
+    verify_rollouts(mixed_rows(2), CONFIG, progress=False, n_workers=1)
+    assert dict(os.environ) == before

@@ -56,3 +56,42 @@ def test_steps_are_capped_by_passes_over_the_kept_groups():
     assert cfg.steps_for(1) == 1           # a job always takes at least one step
     with pytest.raises(ValueError, match="max_epochs must be > 0"):
         GRPOConfig(max_epochs=0)
+
+
+class _Engine:
+    """What train_step needs of a DeepSpeed engine, around a plain model, on one rank."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, **kwargs):
+        return self.model(**kwargs)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        pass
+
+
+@pytest.mark.parametrize("loss_agg", ["dapo", "grpo", "dr_grpo"])
+def test_a_step_cut_into_length_pieces_has_the_gradient_of_one_padded_batch(tiny_model, random_rollouts,
+                                                                            loss_agg):
+    from trainer.grpo import length_pieces, score_rows, train_step
+
+    groups = group_rollouts(read_rollouts(random_rollouts), scale_by_std=False)
+    grads, sums = [], []
+    for micro_tokens in (10**9, 1):
+        cfg = GRPOConfig(groups_per_step=4, loss_agg=loss_agg, micro_tokens=micro_tokens)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        old = score_rows(model, groups.rows, cfg, 0, "cpu")
+        sums.append(train_step(_Engine(model), groups, old, None, 0, cfg, 0, 1, pad_id=0))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    assert sums[1]["loss"] == pytest.approx(sums[0]["loss"], rel=1e-4)
+    assert (sums[1]["tokens"], sums[1]["all_tokens"]) == (sums[0]["tokens"], sums[0]["all_tokens"])
+    rows = [{"prompt_token_ids": [1] * n, "token_ids": [2]} for n in (9, 3, 4, 20)]
+    assert length_pieces(rows, 12) == [[1, 2], [0], [3]]  # 2x(4+1) fits 12; 9+1 alone; 20+1 alone

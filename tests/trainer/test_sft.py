@@ -34,3 +34,35 @@ def test_sft_learns_the_answers(tiny_model, tmp_path):
     assert result["final_loss"] < 0.5 * result["first_loss"]
     tok = AutoTokenizer.from_pretrained(tmp_path / "out")  # tokenizer travels with the weights
     assert tok.decode(tok.encode(" a\nb", add_special_tokens=False)) == " a\nb"
+
+
+def test_greedy_accuracy_matches_greedy_decoding(tiny_model, tmp_path):
+    """The one-pass check agrees with actually decoding greedily, pair by pair."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainer.sft import greedy_accuracy
+
+    data = write_pairs(tmp_path / "d.jsonl", 24)
+    run_sft(tiny_model, data, tmp_path / "out", SFTConfig(steps=25, batch_size=16, lr=3e-3))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    pairs = read_pairs(data)
+    right = []
+    for ids, n_prompt in encode_pairs(tok, pairs):
+        out = model.generate(torch.tensor([ids[:n_prompt]]), max_new_tokens=len(ids) - n_prompt + 2,
+                             do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        right.append(out[0, n_prompt:].tolist()[:len(ids) - n_prompt] == ids[n_prompt:])
+    assert 0 < sum(right) < len(right), "the check is only informative on a partly trained model"
+    batch = collate(encode_pairs(tok, pairs), tok.pad_token_id)
+    assert greedy_accuracy(model, batch) == pytest.approx(sum(right) / len(right))
+
+
+def test_sft_stops_at_the_target_accuracy(tiny_model, tmp_path):
+    data = write_pairs(tmp_path / "d.jsonl")
+    cfg = SFTConfig(steps=400, batch_size=16, lr=3e-3, target_accuracy=0.5, eval_every=5)
+    result = run_sft(tiny_model, data, tmp_path / "out", cfg, held_out=data)
+    assert result["held_out_accuracy"] >= 0.5
+    assert result["steps"] < 400 and result["steps"] % 5 == 0
+    with pytest.raises(ValueError, match="needs held-out pairs"):
+        run_sft(tiny_model, data, tmp_path / "out2", cfg)
