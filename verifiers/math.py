@@ -25,6 +25,7 @@ Honest final lines such as "17*23 = 391" or "the larger of 3 and 7 is 7" pass th
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import queue
@@ -97,7 +98,7 @@ def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S)
     if hack:
         return failed("hacking_suspected", hack, correctness=0.0, format=float(has_box))
     try:
-        result = _POOL.compare(gold, tail, timeout_s)
+        result = integer_comparison(gold, tail) or _compare_cached(gold, tail, timeout_s)
     except TimeoutError:
         return failed("timeout", f"math-verify did not answer within {timeout_s:g}s; helper killed")
     if not result["gold_ok"]:
@@ -109,6 +110,27 @@ def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S)
         return Verdict(reward=1.0, passed=True, status="ok", components=components)
     return Verdict(reward=0.0, passed=False, status="wrong", components=components,
                    detail=f"extracted {result['extracted']!r}, expected {gold!r}")
+
+
+# A canonical integer: what math-verify reads back unchanged (it reads "058" as 58, "+5"
+# as nothing and "-0" as -0, so those still go to it).
+_CANONICAL_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,17}")
+
+
+def integer_comparison(gold: str, tail: str) -> dict | None:
+    """math-verify's answer when gold and completion are both bare canonical integers
+    (most arithmetic rollouts), without the ~2 ms round trip to a helper; else None."""
+    gold, text = gold.strip(), tail.strip()
+    if not (_CANONICAL_INTEGER.fullmatch(gold) and _CANONICAL_INTEGER.fullmatch(text)):
+        return None
+    return {"gold_ok": True, "extracted": text, "equal": gold == text}
+
+
+@functools.lru_cache(maxsize=65_536)
+def _compare_cached(gold: str, tail: str, timeout_s: float) -> dict:
+    """The G samples of a task often give the same answer: ask math-verify once per pair.
+    A timeout raises, and exceptions are not cached, so it is asked again next time."""
+    return _POOL.compare(gold, tail, timeout_s)
 
 
 def gold_completion(spec: dict) -> str | None:

@@ -8,6 +8,12 @@ from verifiers import math as math_verifier
 SPEC = {"answer": "391", "question": "What is 17*23?"}
 
 
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    """Each test asks the helpers itself (a cached answer would skip the warm-up calls)."""
+    math_verifier._compare_cached.cache_clear()
+
+
 @pytest.mark.parametrize("answer, right, wrong", [
     ("391", "17 \\cdot 23 = \\boxed{391}", "\\boxed{381}"),
     ("\\frac{1}{2}", "so the probability is 0.5", "\\boxed{\\frac{1}{3}}"),
@@ -64,3 +70,25 @@ def test_works_from_worker_threads():
     for thread in threads:
         thread.join(30)
     assert results == [False, True] * 3
+
+
+@pytest.mark.parametrize("gold, text", [
+    ("58", "58"), ("58", "59"), ("58", " 58\n"), ("-5", "-5"), ("0", "0"), ("7", "-7"),
+    ("12345678901234567", "12345678901234567"),
+    # not canonical: math-verify reads these its own way ("058" is 58, "+5" nothing, "-0" -0)
+    ("58", "058"), ("5", "+5"), ("0", "-0"), ("7", "00"), ("1/2", "1/2"), ("58", "58.0"),
+])
+def test_the_integer_shortcut_says_what_math_verify_says(gold, text):
+    shortcut = math_verifier.integer_comparison(gold, text)
+    asked = math_verifier._POOL.compare(gold, text, 5.0)
+    assert shortcut is None or shortcut == asked
+    left_to_math_verify = {("58", "058"), ("5", "+5"), ("0", "-0"), ("7", "00"), ("1/2", "1/2"), ("58", "58.0")}
+    assert (shortcut is None) == ((gold, text) in left_to_math_verify)
+
+
+def test_an_answer_math_verify_judged_is_not_asked_again(monkeypatch):
+    asked = []
+    real = math_verifier._POOL.compare
+    monkeypatch.setattr(math_verifier._POOL, "compare", lambda *a: asked.append(a) or real(*a))
+    verdicts = [math_verifier.verify(SPEC, "so \\boxed{391}") for _ in range(8)]
+    assert all(v.passed for v in verdicts) and len(asked) == 1
