@@ -115,15 +115,18 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
 
 @torch.no_grad()
 def score_rows(model, rows: list[dict], cfg: GRPOConfig, pad_id: int, device) -> list[list[float]]:
-    """The model's logprob of each completion token of each row, chunked."""
-    out: list[list[float]] = []
-    for start in range(0, len(rows), cfg.forward_chunk):
-        chunk = rows[start:start + cfg.forward_chunk]
-        batch = {k: v.to(device) for k, v in pad_batch(chunk, pad_id).items()}
-        logp, _ = token_logprobs(model, batch, cfg.temperature)
-        for i, r in enumerate(chunk):
-            p, c = len(r["prompt_token_ids"]), len(r["token_ids"])
-            out.append(logp[i, p - 1:p + c - 1].float().cpu().tolist())
+    """The model's logprob of each completion token of each row, in length-sorted pieces
+    of at most cfg.micro_tokens padded tokens (and cfg.forward_chunk rows)."""
+    out: list[list[float]] = [[] for _ in rows]
+    for piece in length_pieces(rows, cfg.micro_tokens):
+        for start in range(0, len(piece), cfg.forward_chunk):
+            positions = piece[start:start + cfg.forward_chunk]
+            chunk = [rows[i] for i in positions]
+            batch = {k: v.to(device) for k, v in pad_batch(chunk, pad_id).items()}
+            logp, _ = token_logprobs(model, batch, cfg.temperature)
+            for row, (i, r) in enumerate(zip(positions, chunk, strict=True)):
+                p, c = len(r["prompt_token_ids"]), len(r["token_ids"])
+                out[i] = logp[row, p - 1:p + c - 1].float().cpu().tolist()
     return out
 
 

@@ -95,3 +95,15 @@ def test_a_step_cut_into_length_pieces_has_the_gradient_of_one_padded_batch(tiny
     assert (sums[1]["tokens"], sums[1]["all_tokens"]) == (sums[0]["tokens"], sums[0]["all_tokens"])
     rows = [{"prompt_token_ids": [1] * n, "token_ids": [2]} for n in (9, 3, 4, 20)]
     assert length_pieces(rows, 12) == [[1, 2], [0], [3]]  # 2x(4+1) fits 12; 9+1 alone; 20+1 alone
+
+
+def test_scoring_in_length_pieces_keeps_each_rows_logprobs(tiny_model, random_rollouts):
+    from trainer.grpo import score_rows
+
+    rows = read_rollouts(random_rollouts)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    whole = score_rows(model, rows, GRPOConfig(micro_tokens=10**9), 0, "cpu")
+    pieces = score_rows(model, rows, GRPOConfig(micro_tokens=1, forward_chunk=3), 0, "cpu")
+    assert [len(x) for x in whole] == [len(r["token_ids"]) for r in rows]
+    for a, b in zip(whole, pieces, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
