@@ -14,8 +14,8 @@ from rich.table import Table
 def demo_command(
     home: Annotated[Path, typer.Option(help="Fresh folder for the demo's lake (wiped first).")] = Path(".flywheel/demo"),
     cycles: Annotated[int, typer.Option(min=1, max=10)] = 3,
-    requests: Annotated[int, typer.Option(min=50, help="Production requests served per cycle.")] = 1000,
-    rounds: Annotated[int, typer.Option(min=1, help="rollout -> verify -> train rounds per cycle.")] = 3,
+    requests: Annotated[int, typer.Option(min=50, help="Production requests served per cycle.")] = 2000,
+    rounds: Annotated[int, typer.Option(min=1, help="rollout -> verify -> train rounds per cycle.")] = 2,
     sft_target: Annotated[float, typer.Option(min=0.01, max=1.0, help=(
         "SFT warms the tiny model until greedy decoding answers this share of held-out additions."))] = 0.5,
 ) -> None:
