@@ -17,7 +17,7 @@ from storage.lake import open_lake, transaction
 from tasks.curate import curate
 from tasks.cycle_config import cycle_config
 from tasks.cycle_state import begin_cycle, finish_cycle, run_stage
-from tasks.evaluate import evaluate_policy
+from tasks.evaluate import Policy, evaluate_policies
 from tasks.gate import GateDecision, decide
 from tasks.ingest import discover_sources, ingest_source
 from tasks.model_store import local_model_dir, production_version, publish_model
@@ -120,9 +120,10 @@ def evaluate_task(cycle_id: str, candidate: str, production: str, samples: int) 
         if candidate == production:
             return {"decision": None, "reason": "no new candidate this cycle (nothing was trained)"}
         settings = lake_settings()
-        cand = evaluate_policy(con, str(local_model_dir(settings, con, candidate)), candidate, cfg, cycle_id)
-        prod = evaluate_policy(con, str(local_model_dir(settings, con, production)), production, cfg, cycle_id,
-                               also_check=(candidate,))
+        cand, prod = evaluate_policies(con, [
+            Policy(str(local_model_dir(settings, con, candidate)), candidate),
+            Policy(str(local_model_dir(settings, con, production)), production, also_check=(candidate,))],
+            cfg, cycle_id)
         decision = decide(cand.item_scores, prod.item_scores, config.gate)
         return {"decision": decision.to_dict(), "candidate": cand.headline, "production": prod.headline,
                 "contaminated": len(cand.contaminated)}

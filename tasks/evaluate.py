@@ -21,7 +21,7 @@ pass@1 and pass@k use the unbiased estimator (`tasks.passk`), per set and per do
 
 Rows go to `evaluations`, one per item x sample, replacing any rows this
 (policy_version, cycle_id) wrote before, in one commit. The generation engine is a
-parameter (`generate=`, same signature as `trainer.engine.generate`).
+parameter (`generate_each=`, same signature as `trainer.engine.generate_each`).
 Not here: the comparison of two policies (`tasks.gate`).
 """
 from __future__ import annotations
@@ -41,13 +41,14 @@ from tasks import decontaminate
 from tasks.gate import GateConfig, bootstrap_ci
 from tasks.holdout import is_heldout
 from tasks.passk import mean_pass_at_k
-from tasks.verify import verify_rollouts
+from tasks.verify import FanOut, score_rows
 from trainer import engine
 from verifiers.registry import VerifierConfig
 from verifiers.verdict import INFRA_STATUSES
 
 FRESH_SET = "fresh-failures"
 Generate = Callable[..., list[engine.Sample]]
+GenerateEach = Callable[..., list[list[engine.Sample]]]
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class EvalConfig:
     heldout_fraction: share of kept tasks held out as `fresh-failures` (stable hash split).
     fresh_scope: "cycle" = held-out tasks created by this cycle, "all" = of every cycle.
     decontam: how an eval item is matched against training tasks.
-    verifiers / verify_workers / scheduler_address: how verification runs (tasks.verify).
+    verifiers / fanout / scheduler_address: how verification runs (tasks.verify.score_rows).
     resamples / confidence / seed: the bootstrap interval of the headline pass@1.
     """
 
@@ -67,7 +68,7 @@ class EvalConfig:
     fresh_scope: str = "cycle"
     decontam: decontaminate.DecontamConfig = field(default_factory=decontaminate.DecontamConfig)
     verifiers: VerifierConfig = field(default_factory=VerifierConfig)
-    verify_workers: int = 2
+    fanout: FanOut = field(default_factory=FanOut)
     scheduler_address: str | None = None
     resamples: int = 2000
     confidence: float = 0.95
@@ -80,8 +81,6 @@ class EvalConfig:
             raise ValueError(f"heldout_fraction must be in [0, 1), e.g. 0.1, got {self.heldout_fraction}")
         if self.fresh_scope not in ("cycle", "all"):
             raise ValueError(f"fresh_scope must be 'cycle' or 'all', got {self.fresh_scope!r}")
-        if self.verify_workers < 1:
-            raise ValueError(f"verify_workers must be >= 1, got {self.verify_workers}")
         GateConfig(resamples=self.resamples, confidence=self.confidence)  # same bounds as the gate's
 
 
@@ -180,11 +179,10 @@ def find_contaminated(items: list[Item], train: list[tuple[str, str]],
 
 
 def score_samples(items: list[Item], samples: list[engine.Sample], cfg: EvalConfig) -> list[dict]:
-    """One verdict dict per sample, in sample order (verification fanned out by tasks.verify)."""
+    """One verdict dict per sample, in sample order (routed by tasks.verify.score_rows)."""
     rows = [{"id": k, "verifier": items[s.prompt_idx].verifier, "domain": items[s.prompt_idx].domain,
              "spec": items[s.prompt_idx].spec, "completion": s.text} for k, s in enumerate(samples)]
-    return verify_rollouts(rows, cfg.verifiers, scheduler_address=cfg.scheduler_address, progress=False,
-                           n_workers=cfg.verify_workers, threads_per_worker=2)
+    return score_rows(rows, cfg.verifiers, cfg.fanout, scheduler_address=cfg.scheduler_address)
 
 
 def evaluation_rows(items: list[Item], samples: list[engine.Sample], verdicts: list[dict],
@@ -271,28 +269,56 @@ def summarize(rows: list[dict], contaminated: dict[tuple[str, str], list[dict]],
         process=process_metrics(clean), item_scores=[s for s in scores if s["n"] > 0], contaminated=excluded)
 
 
+@dataclass(frozen=True)
+class Policy:
+    """A model to evaluate. also_check: other versions whose training tasks also make an
+    item contaminated (production is evaluated with the candidate's, so that both
+    headlines stand on the same clean items; the gate pairs items either way)."""
+
+    model_dir: str
+    version: str
+    also_check: tuple[str, ...] = ()
+
+
 def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_version: str, cfg: EvalConfig,
                     cycle_id: str, *, also_check: tuple[str, ...] = (),
                     generate: Generate = engine.generate) -> EvalSummary:
-    """Sample, check contamination, score, write `evaluations`; return the summary.
+    """`evaluate_policies` for one model, with a one-model engine (`generate=`)."""
+    generate_each = engine.generate_each if generate is engine.generate else \
+        (lambda runs, engine_cfg: [generate(m, prompts, engine_cfg) for m, prompts in runs])
+    return evaluate_policies(con, [Policy(model_dir, policy_version, also_check)], cfg, cycle_id,
+                             generate_each=generate_each)[0]
 
-    also_check: other versions whose training tasks also make an item contaminated.
-    Pass the candidate when evaluating production, so that both headlines stand on
-    the same clean items (the gate pairs items either way).
+
+def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cfg: EvalConfig, cycle_id: str,
+                      *, generate_each: GenerateEach = engine.generate_each) -> list[EvalSummary]:
+    """Sample, check contamination, score, write `evaluations`; one summary per policy.
+
+    All policies are sampled in one engine call: vLLM then starts and warms up once
+    for candidate and production instead of once each.
     """
     items = registered_items(con) + fresh_items(con, cfg, cycle_id)
-    if items and generate is engine.generate:  # items longer than the model's context cannot be scored
-        fits = engine.prompt_fits(model_dir, [i.messages for i in items], cfg.engine)
-        items = [item for item, ok in zip(items, fits, strict=True) if ok]
-    train = training_tasks(con, policy_version, *also_check)
-    contaminated = find_contaminated(items, train, cfg.decontam)
-    rows: list[dict] = []
-    if items:
-        samples = generate(model_dir, [i.messages for i in items], cfg.engine)
-        if len(samples) != len(items) * cfg.engine.n:
-            raise RuntimeError(f"the engine returned {len(samples)} samples for {len(items)} items "
-                               f"x {cfg.engine.n}; expected one per item and sample")
-        verdicts = score_samples(items, samples, cfg)
-        rows = evaluation_rows(items, samples, verdicts, set(contaminated), policy_version, cycle_id)
-    write_evaluations(con, rows, policy_version, cycle_id)
-    return summarize(rows, contaminated, cfg, policy_version, cycle_id)
+    plans = []
+    for policy in policies:
+        mine = items
+        if items and generate_each is engine.generate_each:  # longer than the model's context: unscorable
+            fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine)
+            mine = [item for item, ok in zip(items, fits, strict=True) if ok]
+        train = training_tasks(con, policy.version, *policy.also_check)
+        plans.append((policy, mine, find_contaminated(mine, train, cfg.decontam)))
+    sampled = [(policy, mine) for policy, mine, _ in plans if mine]
+    outputs = iter(generate_each([(policy.model_dir, [i.messages for i in mine]) for policy, mine in sampled],
+                                 cfg.engine) if sampled else [])
+    summaries = []
+    for policy, mine, contaminated in plans:
+        rows: list[dict] = []
+        if mine:
+            samples = next(outputs)
+            if len(samples) != len(mine) * cfg.engine.n:
+                raise RuntimeError(f"the engine returned {len(samples)} samples for {len(mine)} items "
+                                   f"x {cfg.engine.n}; expected one per item and sample")
+            verdicts = score_samples(mine, samples, cfg)
+            rows = evaluation_rows(mine, samples, verdicts, set(contaminated), policy.version, cycle_id)
+        write_evaluations(con, rows, policy.version, cycle_id)
+        summaries.append(summarize(rows, contaminated, cfg, policy.version, cycle_id))
+    return summaries

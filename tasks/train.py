@@ -1,9 +1,10 @@
 """Train stage: scored rollouts of one round -> DeepSpeed GRPO job -> candidate model.
 
 Exports the round's rollouts joined with their verdicts to a Parquet snapshot (the
-trainer never reads the lake), runs the job through the `deepspeed` launcher
-(trainer.launch), then writes the job's per-step metrics to `train_steps` and the new
-policy to `models` (status `candidate`, with its parent) in one DuckLake commit. The
+trainer never reads the lake), runs the job (trainer.launch: one DeepSpeed process
+per device, through the `deepspeed` launcher when there are several), then writes
+the job's per-step metrics to `train_steps` and the new policy to `models` (status
+`candidate`, with its parent) in one DuckLake commit. The
 policy version is a content hash of (parent, round, rollout ids, config), so a rerun
 of the same round resumes the same job directory and writes nothing twice.
 Not here: uploading the folder to the object store (the `uri` is the local folder).

@@ -1,5 +1,11 @@
 """Verify stage: score (verifier, spec, completion) rows, serially or fanned out with Dask.
 
+`score_rows` is what stages call: it routes each row by its verifier (`FanOut`).
+Verifiers that run no user code (math, exact, json_schema) score a row in well under
+a millisecond in this process once warm, while a fresh LocalCluster costs seconds to
+start and warm (measured on a cycle's 8,192 math rollouts: 1.3 s in-process, 7.5 s
+fanned out); the sandboxed code verifier (~10-30 ms a row) fans out.
+
 `verify_rows` is the serial reference. `verify_rollouts` cuts the rows into batches
 (one Dask task per batch, not per row: a row costs ~1-30 ms and a Dask task ~1 ms of
 scheduler overhead plus a round trip) and runs them on a `distributed` cluster: an
@@ -24,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from distributed import Client, LocalCluster, as_completed
 from rich.console import Console
@@ -72,6 +79,57 @@ def verify_rows(rows: list[dict], config: VerifierConfig) -> list[Verdict]:
 def verify_batch(rows: list[dict], config: VerifierConfig) -> list[dict]:
     """What one Dask task runs."""
     return [verify_row(row, config) for row in rows]
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """Which rows `score_rows` sends to the Dask cluster."""
+
+    in_process: tuple[str, ...] = ("math", "exact", "json_schema")
+    """Verifiers scored in the calling process: they run no user code and are cheap. A
+    workload heavy in answers math-verify must parse (~2 ms a row through its helper)
+    may list fewer, so that those rows fan out too."""
+    min_rows: int = 500
+    """Fewer fanned-out rows than this are scored in-process as well: starting and warming
+    a LocalCluster costs ~3-5 s, what ~500 sandbox runs of ~10 ms save by running 2x2 wide."""
+    workers: int = 2
+    threads_per_worker: int = 2
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        unknown = set(self.in_process) - set(registry.VERIFIERS)
+        if unknown:
+            raise ValueError(f"FanOut.in_process names unknown verifiers {sorted(unknown)}; "
+                             f"known: {sorted(registry.VERIFIERS)}")
+        if self.min_rows < 0 or self.workers < 1 or self.threads_per_worker < 1 or self.batch_size < 1:
+            raise ValueError("FanOut.min_rows must be >= 0 and workers, threads_per_worker, batch_size >= 1")
+        object.__setattr__(self, "in_process", tuple(self.in_process))
+
+
+def score_rows(rows: list[dict], config: VerifierConfig, fanout: FanOut = FanOut(), *,
+               scheduler_address: str | None = None, progress: bool = False) -> list[dict]:
+    """One verdict dict per row, in input order: cheap verifiers here, the rest on Dask."""
+    remote = [i for i, row in enumerate(rows) if _routed_verifier(row, config) not in (None, *fanout.in_process)]
+    if len(remote) < fanout.min_rows:
+        remote = []
+    out: list[dict | None] = [None] * len(rows)
+    if remote:
+        fanned = verify_rollouts([rows[i] for i in remote], config, scheduler_address=scheduler_address,
+                                 batch_size=fanout.batch_size, progress=progress, n_workers=fanout.workers,
+                                 threads_per_worker=fanout.threads_per_worker)
+        for i, verdict in zip(remote, fanned, strict=True):
+            out[i] = verdict
+    for i, row in enumerate(rows):
+        if out[i] is None:
+            out[i] = verify_row(row, config)
+    return out
+
+
+def _routed_verifier(row: dict, config: VerifierConfig) -> str | None:
+    try:
+        return row_verifier(row, config) if isinstance(row, dict) else None
+    except ValueError:
+        return None  # an unknown verifier is a format_error verdict, made in-process
 
 
 def verify_rollouts(rows: list[dict], config: VerifierConfig, *, scheduler_address: str | None = None,

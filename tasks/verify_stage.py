@@ -1,7 +1,7 @@
 """The cycle's verify stage: every unscored rollout of a round gets one verdict row.
 
 Rollouts are joined to their task for the verifier name and spec, scored through
-`tasks.verify.verify_rollouts` (Dask fan-out, sandboxed code), and written to
+`tasks.verify.score_rows` (cheap verifiers in-process, sandboxed code fanned out on Dask), and written to
 `verdicts` in one commit. Rollouts that already have a verdict are skipped, so a
 rerun writes nothing twice.
 """
@@ -15,17 +15,15 @@ import pyarrow as pa
 
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
-from tasks.verify import verify_row, verify_rollouts
+from tasks.verify import FanOut, score_rows
 from verifiers.registry import VerifierConfig
 
 
 @dataclass(frozen=True)
 class VerifyStageConfig:
     verifiers: VerifierConfig = field(default_factory=VerifierConfig)
-    dask_min_rows: int = 2_000
-    """Below this many rows a Dask cluster costs more to start than it saves; score serially
-    (an external DASK_SCHEDULER_ADDRESS is used whenever rows reach the threshold)."""
-    batch_size: int = 64
+    fanout: FanOut = field(default_factory=FanOut)
+    """Which rows go to Dask (an external DASK_SCHEDULER_ADDRESS when set, else a LocalCluster)."""
 
 
 _PENDING_SQL = """
@@ -41,10 +39,7 @@ def verify_stage(con: duckdb.DuckDBPyConnection, cycle_id: str, round_: int, cfg
     pending = con.execute(_PENDING_SQL, [cycle_id, round_]).fetchall()
     rows = [{"rollout_id": rid, "verifier": verifier, "spec": json.loads(spec), "completion": completion}
             for rid, verifier, spec, completion in pending]
-    if len(rows) >= cfg.dask_min_rows:
-        results = verify_rollouts(rows, cfg.verifiers, batch_size=cfg.batch_size, progress=False)
-    else:
-        results = [verify_row(row, cfg.verifiers) for row in rows]
+    results = score_rows(rows, cfg.verifiers, cfg.fanout)
     table = pa.Table.from_pylist([{
         "rollout_id": r["rollout_id"], "verifier": r["verifier"], "reward": float(r["reward"]),
         "passed": bool(r["passed"]), "status": r["status"], "components": json.dumps(r["components"]),

@@ -78,9 +78,14 @@ class Sample:
 
 def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:
     """cfg.n samples for each prompt (chat messages), in prompt order then sample order."""
+    return generate_each([(model_dir, prompts)], cfg)[0]
+
+
+def generate_each(runs: list[tuple[str | Path, list[Messages]]], cfg: EngineConfig) -> list[list[Sample]]:
+    """`generate` for several (model_dir, prompts) runs; vLLM serves them all from one process."""
     if cfg.backend == "vllm":
-        return generate_vllm(Path(model_dir), prompts, cfg)[0]
-    return generate_transformers(Path(model_dir), prompts, cfg)
+        return generate_vllm_each([(Path(m), p) for m, p in runs], cfg)[0]
+    return [generate_transformers(Path(m), p, cfg) for m, p in runs]
 
 
 def prompt_fits(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) -> list[bool]:
@@ -104,11 +109,18 @@ def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
 
 def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> tuple[list[Sample], dict]:
     """Samples plus the worker's timings (startup_s, generate_s, tokens_per_s)."""
-    prompt_ids = encode_prompts(model_dir, prompts)
+    samples, timings = generate_vllm_each([(model_dir, prompts)], cfg)
+    return samples[0], timings[0]
+
+
+def generate_vllm_each(runs: list[tuple[Path, list[Messages]]],
+                       cfg: EngineConfig) -> tuple[list[list[Sample]], list[dict]]:
+    """Each run's samples plus its timings, from one vLLM worker process."""
+    job_runs = [{"model_dir": str(model_dir), "prompt_token_ids": encode_prompts(model_dir, prompts)}
+                for model_dir, prompts in runs]
     with tempfile.TemporaryDirectory(prefix="flywheel-vllm-") as tmp:
         job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
-        job.write_text(json.dumps({"model_dir": str(model_dir), "prompt_token_ids": prompt_ids,
-                                   "config": asdict(cfg)}))
+        job.write_text(json.dumps({"runs": job_runs, "config": asdict(cfg)}))
         root = str(Path(__file__).resolve().parent.parent)  # so `-m trainer.vllm_worker` resolves
         env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false",
                    PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
@@ -126,9 +138,10 @@ def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -
                                    + log.read_text()[-3000:]) from None
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM worker failed (exit {proc.returncode}); log tail:\n{log.read_text()[-3000:]}")
-        rows = [json.loads(line) for line in out.read_text().splitlines()]
-        timing = json.loads(Path(f"{out}.timing.json").read_text())
-    return [Sample(**row) for row in rows], timing
+        samples = [[Sample(**json.loads(line)) for line in Path(f"{out}.{i}").read_text().splitlines()]
+                   for i in range(len(job_runs))]
+        timings = json.loads(Path(f"{out}.timing.json").read_text())
+    return samples, timings
 
 
 def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:

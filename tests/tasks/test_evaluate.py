@@ -9,7 +9,7 @@ import pytest
 from storage.lake import append_rows, open_lake, transaction
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
-from tasks.evaluate import FRESH_SET, EvalConfig, evaluate_policy, lineage
+from tasks.evaluate import FRESH_SET, EvalConfig, Policy, evaluate_policies, evaluate_policy, lineage
 from tasks.evalsets import register_evalset
 from tasks.holdout import is_heldout
 from tasks.normalize import content_hash
@@ -165,6 +165,25 @@ def test_rerun_replaces_rows_and_lineage_follows_parents(lake, cfg):
                              generate=table_engine)
     assert [(c["item_id"], c["task_id"]) for c in paired.contaminated] == [
         (c["item_id"], c["task_id"]) for c in summary.contaminated]
+
+
+def test_candidate_and_production_in_one_engine_call_match_one_call_each(lake, cfg):
+    calls = []
+
+    def each(runs, engine_cfg):
+        calls.append([model_dir for model_dir, _ in runs])
+        return [table_engine(model_dir, prompts, engine_cfg) for model_dir, prompts in runs]
+
+    both = evaluate_policies(lake, [Policy("cand-dir", "cand"), Policy("prod-dir", "prod", also_check=("cand",))],
+                             cfg, "c3", generate_each=each)
+    assert calls == [["cand-dir", "prod-dir"]]
+    read = "SELECT * EXCLUDE (cycle_id) FROM lake.evaluations WHERE cycle_id = ? ORDER BY ALL"
+    together = lake.execute(read, ["c3"]).fetchall()
+    alone = [evaluate_policy(lake, "unused", "cand", cfg, "c4", generate=table_engine),
+             evaluate_policy(lake, "unused", "prod", cfg, "c4", also_check=("cand",), generate=table_engine)]
+    assert together == lake.execute(read, ["c4"]).fetchall() and len(together) > 0
+    for joint, single in zip(both, alone, strict=True):
+        assert {**joint.to_dict(), "cycle_id": None} == {**single.to_dict(), "cycle_id": None}
 
 
 def test_engine_that_drops_samples_is_refused(lake, cfg):

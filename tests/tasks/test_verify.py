@@ -6,7 +6,7 @@ import time
 import pytest
 from distributed import Client, LocalCluster
 
-from tasks.verify import verify_row, verify_rollouts, verify_rows
+from tasks.verify import FanOut, score_rows, verify_row, verify_rollouts, verify_rows
 from verifiers.registry import VerifierConfig
 from verifiers.verdict import Verdict
 
@@ -58,6 +58,33 @@ def test_dask_results_identical_to_serial(cluster):
     assert [Verdict.from_dict(row) for row in fanned] == serial
     assert {row["status"] for row in fanned} == {"ok", "wrong", "format_error"}
     assert all(row["latency_ms"] > 0 for row in fanned)
+
+
+def test_score_rows_fans_out_only_sandboxed_rows_and_keeps_input_order(cluster):
+    rows = mixed_rows(40) + [{"id": 40, "verifier": "poetry", "spec": {}, "completion": "x"}]
+    before = _verify_task_count(cluster)
+    out = score_rows(rows, CONFIG, FanOut(min_rows=5, batch_size=2), scheduler_address=cluster.scheduler_address)
+    assert [Verdict.from_dict(row) for row in out] == verify_rows(rows, CONFIG)
+    assert [row["id"] for row in out] == list(range(41))
+    # only the 10 code rows travel, two a batch: math, json, exact and the unknown verifier stay here
+    assert _verify_task_count(cluster) == before + 5
+
+
+def test_score_rows_below_min_rows_or_all_in_process_never_touches_dask(cluster):
+    before = _verify_task_count(cluster)
+    rows = mixed_rows(40)
+    in_process = strip_latency(score_rows(rows, CONFIG, FanOut(min_rows=11), scheduler_address=cluster.scheduler_address))
+    assert in_process == strip_latency([verify_row(row, CONFIG) for row in rows])
+    everything = FanOut(in_process=(), min_rows=1, batch_size=8)
+    assert len(score_rows(rows, CONFIG, everything, scheduler_address=cluster.scheduler_address)) == 40
+    assert _verify_task_count(cluster) == before + 5  # the second call sent all 40 rows
+
+
+def test_fanout_rejects_unknown_verifiers_and_bad_sizes():
+    with pytest.raises(ValueError, match="poetry"):
+        FanOut(in_process=("math", "poetry"))
+    with pytest.raises(ValueError, match="min_rows"):
+        FanOut(workers=0)
 
 
 def test_scheduler_address_comes_from_the_environment(cluster, monkeypatch):

@@ -1,6 +1,7 @@
 import pytest
 
-from trainer.engine import EngineConfig, generate, generate_vllm, score_tokens
+from trainer.engine import EngineConfig, generate, generate_vllm, generate_vllm_each, score_tokens
+from trainer.model import ModelConfig, init_model
 from tests.trainer.conftest import addition_prompt
 
 PROMPTS = [addition_prompt(12, 34), addition_prompt(56, 7), [{"role": "user", "content": "Say hi\n  twice"}]]
@@ -49,3 +50,19 @@ def test_vllm_generates_groups_whose_logprobs_match_transformers(tiny_model):
     assert worst < 1e-4, f"vLLM logprobs differ from transformers by {worst}"
     print(f"vllm startup {timing['startup_s']:.1f}s, {timing['tokens_per_s']:.0f} tokens/s, "
           f"max logprob diff {worst:.2e}")
+
+
+@pytest.mark.slow
+def test_vllm_serves_several_models_from_one_process_as_each_would_alone(tiny_model, tmp_path):
+    """An evaluation samples candidate and production in one worker: the second engine
+    in the process must sample exactly what it would in a process of its own."""
+    other = init_model(tmp_path / "other", ModelConfig(seed=3))
+    cfg = EngineConfig(backend="vllm", n=3, max_tokens=6, temperature=1.0, seed=5)
+    (first, second), timings = generate_vllm_each([(tiny_model, PROMPTS), (other, PROMPTS[:2])], cfg)
+    alone, _ = generate_vllm(other, PROMPTS[:2], cfg)
+    check_samples(first, cfg)
+    assert len(timings) == 2 and len(second) == 2 * cfg.n
+    assert [s.token_ids for s in second] == [s.token_ids for s in alone]
+    assert [s.token_ids for s in first[:len(second)]] != [s.token_ids for s in second]  # really another model
+    worst = max(abs(a - b) for x, y in zip(second, alone) for a, b in zip(x.logprobs, y.logprobs))
+    assert worst < 1e-5

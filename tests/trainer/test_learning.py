@@ -35,6 +35,9 @@ def test_grpo_raises_mean_reward(tiny_model, tmp_path):
         steps=48, groups_per_step=16, scale_by_std=True, checkpoint_every=48, max_tokens=6,
         max_epochs=16.0)))  # the test fits these 64 prompts: many passes on purpose
     trained = run_training(job, n_procs=1, device="cpu", timeout_s=600)
+    log = (job / "train.log").read_text()
+    assert "launch.py" not in log, "one process needs no deepspeed launcher"
+    assert "Detected checkpoint of type zero stage" in log  # the model is exported from a ZeRO checkpoint
     after, _ = mean_reward(trained, train, EngineConfig(backend="transformers", n=8, max_tokens=6, seed=1))
     print(f"mean reward before {before:.3f} after {after:.3f} ({len(train) * 8} samples each)")
     # Measured here (default lr 3e-5): 0.148 -> 0.193 after 32 steps (512 samples each,
