@@ -103,7 +103,8 @@ def train_task(cycle_id: str, round_idx: int, policy: str, steps: int | None = N
             uri = publish_model(settings, local_model_dir(settings, con, version), version)
             with transaction(con, message=f"model {version[:12]} stored at {uri}"):
                 con.execute("UPDATE lake.models SET uri = ? WHERE policy_version = ?", [uri, version])
-        steps = con.execute("SELECT count(*), sum(groups_kept), sum(groups_dropped) FROM lake.train_steps "
+        # every step row carries the job's group counts
+        steps = con.execute("SELECT count(*), max(groups_kept), max(groups_dropped) FROM lake.train_steps "
                             "WHERE policy_version = ?", [version]).fetchone()
         return {"policy_version": version, "trained": True, "steps": steps[0],
                 "groups_kept": int(steps[1] or 0), "groups_dropped": int(steps[2] or 0)}

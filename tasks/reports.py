@@ -63,7 +63,9 @@ def funnel(con: duckdb.DuckDBPyConnection, cycle_id: str) -> list[dict]:
                (SELECT count(*) FROM lake.tasks WHERE cycle_id = $c),
                (SELECT count(*) FROM lake.rollouts WHERE cycle_id = $c),
                (SELECT count(*) FROM lake.verdicts WHERE cycle_id = $c),
-               (SELECT coalesce(sum(groups_kept), 0) FROM lake.train_steps WHERE cycle_id = $c)
+               -- each step row repeats its job's kept-group count: count each job once
+               (SELECT coalesce(sum(kept), 0) FROM (SELECT max(groups_kept) AS kept FROM lake.train_steps
+                                                    WHERE cycle_id = $c GROUP BY policy_version))
         """, {"c": cycle_id}).fetchone()
     stages = ("log lines", "quarantined", "duplicate", "near duplicate", "contaminated", "unverifiable",
               "kept", "tasks", "rollouts", "verified", "groups trained")

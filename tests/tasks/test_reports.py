@@ -45,7 +45,8 @@ ROWS = {
                   "status": "ok" if i % 3 == 0 else "wrong", "cycle_id": "c2"} for i in range(8)],
     "train_steps": [{"policy_version": "v2", "step": s, "loss": 0.1, "reward_mean": 0.2 + 0.1 * s,
                      "reward_std": 0.3, "kl": 0.01 * s, "entropy": 2.0 - 0.1 * s, "resp_len_mean": 6.0,
-                     "groups_kept": g, "groups_dropped": 1, "cycle_id": "c2"} for s, g in ((1, 2), (2, 1), (3, 2))]
+                     # every step row of a job carries the job's kept-group count
+                     "groups_kept": 5, "groups_dropped": 1, "cycle_id": "c2"} for s in (1, 2, 3)]
     + [{"policy_version": "v1", "step": 1, "groups_kept": 10, "cycle_id": "c1"}],
     "models": [{"policy_version": "v1", "parent_version": None, "status": "production", "reason": "seed",
                 "created_at": T0, "cycle_id": "c1"},
