@@ -49,7 +49,6 @@ def run_one(model_dir: str, prompt_token_ids: list[list[int]], cfg: dict, out_pa
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t2 = time.perf_counter()
     n_tokens = write_samples(outputs, prompt_token_ids, out_path)
-    del llm, outputs
     return {"startup_s": t1 - t0, "generate_s": t2 - t1, "completion_tokens": n_tokens,
             "tokens_per_s": n_tokens / max(t2 - t1, 1e-9)}
 
