@@ -307,8 +307,11 @@ def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cf
         train = training_tasks(con, policy.version, *policy.also_check)
         plans.append((policy, mine, find_contaminated(mine, train, cfg.decontam)))
     sampled = [(policy, mine) for policy, mine, _ in plans if mine]
-    outputs = iter(generate_each([(policy.model_dir, [i.messages for i in mine]) for policy, mine in sampled],
-                                 cfg.engine) if sampled else [])
+    generated = generate_each([(policy.model_dir, [i.messages for i in mine]) for policy, mine in sampled],
+                              cfg.engine) if sampled else []
+    if len(generated) != len(sampled):
+        raise RuntimeError(f"the engine answered {len(generated)} of {len(sampled)} models")
+    outputs = iter(generated)
     summaries = []
     for policy, mine, contaminated in plans:
         rows: list[dict] = []

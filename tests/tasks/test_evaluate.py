@@ -186,6 +186,12 @@ def test_candidate_and_production_in_one_engine_call_match_one_call_each(lake, c
         assert {**joint.to_dict(), "cycle_id": None} == {**single.to_dict(), "cycle_id": None}
 
 
+def test_engine_that_answers_fewer_models_than_asked_is_refused(lake, cfg):
+    with pytest.raises(RuntimeError, match="answered 1 of 2 models"):
+        evaluate_policies(lake, [Policy("a", "cand"), Policy("b", "prod")], cfg, "c5",
+                          generate_each=lambda runs, c: [table_engine(*runs[0], c)])
+
+
 def test_engine_that_drops_samples_is_refused(lake, cfg):
     def short(model_dir, prompts, cfg):
         return table_engine(model_dir, prompts, cfg)[:-1]
