@@ -34,9 +34,9 @@ from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest_features import LOG_ONLY, feature_sql
-from tasks.ingest_lines import read_chunks
+from tasks.ingest_lines import read_ahead, read_chunks
 from tasks.ingest_progress import ingest_progress
-from tasks.log_checks import LogRules, explain, first_failures
+from tasks.log_checks import LogRules, explain, first_failures, known_verdicts
 
 _SUFFIXES = (".jsonl", ".jsonl.gz")
 
@@ -57,9 +57,10 @@ class IngestConfig:
     progress_min_bytes: int = 2_000_000
     """Show a progress bar for files larger than this (a few thousand lines)."""
     defer_lines: int = 1_000
-    """After the first chunk, up to this many lines per chunk whose feature rows are new
-    (the odd broken line) wait for one GX call at the batch's end instead of costing
-    their chunk one (~0.25 s each); more than this and the chunk calls GX itself."""
+    """Once some verdicts are known (an earlier chunk, or an earlier batch of this process),
+    up to this many lines per chunk whose feature rows are new (the odd broken line)
+    wait for one GX call at the batch's end instead of costing their chunk one
+    (~0.25 s each); more than this and the chunk calls GX itself."""
     commit_attempts: int = 5
     """Tries per batch when a concurrent writer's commit conflicts with ours."""
 
@@ -153,12 +154,13 @@ def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
     ok = bad = 0
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
-    verdicts: dict[tuple, str | None] = {}
+    verdicts = known_verdicts(cfg.rules)
     with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
-        for step, (chunk, consumed) in enumerate(read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes)):
-            # The first chunk is judged whole; later ones defer the odd line of a new shape.
+        for step, (chunk, consumed) in enumerate(read_ahead(read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes))):
+            # With nothing judged yet (a fresh process's first chunk) the chunk is judged
+            # whole; after that the odd line of a new shape waits for the batch's end.
             kept, quarantined = ingest_chunk(con, chunk, staged, batch_id, cycle_id, cfg.rules, verdicts,
-                                             defer_at_most=cfg.defer_lines if step else 0)
+                                             defer_at_most=cfg.defer_lines if step or verdicts else 0)
             ok, bad = ok + kept, bad + quarantined
             advance(chunk.num_rows, consumed)
             del chunk  # let the next chunk's lines replace this one's in memory, not join them
@@ -206,7 +208,7 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: Staged
 
     The derived rows stay in DuckDB (memory bounded by its memory_limit); only distinct
     feature rows travel to Python for GX, and DuckDB writes the kept rows' Parquet itself.
-    `verdicts` carries GX's verdicts from chunk to chunk of one batch. Up to
+    `verdicts` carries GX's verdicts from chunk to chunk and batch to batch. Up to
     `defer_at_most` lines whose feature rows are new are set aside for
     `ingest_deferred` instead of costing this chunk a GX call of their own.
     """

@@ -93,6 +93,27 @@ def suite_spec(rules: LogRules) -> list[tuple[str, dict]]:
 
 
 _VALIDATORS: dict[str, tuple] = {}
+_VERDICTS: dict[str, dict[tuple, str | None]] = {}
+VERDICTS_KEPT = 100_000
+"""Distinct feature rows remembered per rules; past this the memory starts afresh
+(a stream of novel unknown-domain strings must not grow it without bound)."""
+
+
+def known_verdicts(rules: LogRules) -> dict[tuple, str | None]:
+    """This process's verdicts so far under `rules`: feature row -> first failing kind (None: valid).
+
+    A verdict depends only on the feature row and the rules, so it holds for every
+    later batch too: a long-running ingest worker asks GX about each shape of log once.
+    """
+    verdicts = _VERDICTS.setdefault(repr(rules), {})
+    if len(verdicts) > VERDICTS_KEPT:
+        verdicts.clear()
+    return verdicts
+
+
+def forget_verdicts() -> None:
+    """Drop every remembered verdict (tests that count GX calls start from here)."""
+    _VERDICTS.clear()
 
 
 def _gx_validator(rules: LogRules):

@@ -16,6 +16,7 @@ import pytest
 from storage.lake import open_lake
 from storage.objects import ObjectStore
 from tasks.ingest import IngestConfig, IngestError, discover_sources, ingest_file, ingest_source
+from tasks.log_checks import forget_verdicts
 from tests.tasks.logs import MALFORMED, valid_log, write_logs
 
 CFG = IngestConfig(chunk_lines=1000)
@@ -263,6 +264,7 @@ def test_lines_of_new_shapes_in_later_chunks_wait_for_one_gx_call(lake_settings,
     for defer in (0, 1000):
         con = open_lake(dataclasses.replace(lake_settings, home=tmp_path / f"lake-{defer}"))
         calls.clear()
+        forget_verdicts()  # as a fresh process: nothing judged yet
         ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000, defer_lines=defer), "c1")
         outcomes[defer] = (con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall(),
                            con.execute("SELECT sum(line_no), count(*) FROM lake.failure_logs").fetchone())
@@ -272,3 +274,33 @@ def test_lines_of_new_shapes_in_later_chunks_wait_for_one_gx_call(lake_settings,
     assert outcomes[0] == outcomes[1000]
     assert len(outcomes[0][0]) == len(broken) + 1 and outcomes[0][0][-1][1] == "repeated_log"
     assert outcomes[0][1][1] == 3001
+
+
+def test_a_later_batch_of_known_shapes_asks_gx_nothing_and_gets_the_same_verdicts(lake_settings, tmp_path,
+                                                                                    monkeypatch):
+    """Verdicts outlive their batch within a process; the outcome is what a fresh process gets."""
+    import tasks.ingest as ingest
+
+    calls = []
+    judge = ingest.first_failures
+    monkeypatch.setattr(ingest, "first_failures", lambda frame, rules: calls.append(len(frame)) or judge(frame, rules))
+    broken = [line for line, _ in MALFORMED.values()]
+    first = write_logs(tmp_path / "first.jsonl", 200, extra_lines=broken)
+    second = write_logs(tmp_path / "second.jsonl", 300, seed=9, extra_lines=broken[::-1])
+    forget_verdicts()
+    outcomes = []
+    for warm in (True, False):
+        con = open_lake(dataclasses.replace(lake_settings, home=tmp_path / f"lake-{warm}"))
+        if warm:
+            ingest_file(con, first, str(first), IngestConfig(), "c1")
+        else:
+            forget_verdicts()
+        calls.clear()
+        ingest_file(con, second, str(second), IngestConfig(), "c1")
+        outcomes.append((len(calls), con.execute("SELECT line_no, kind, reason FROM lake.quarantine "
+                                                 "WHERE batch_id IN (SELECT batch_id FROM lake.ingest_batches "
+                                                 "WHERE source_uri LIKE '%second.jsonl') ORDER BY line_no").fetchall()))
+        con.close()
+    (warm_calls, warm_rows), (cold_calls, cold_rows) = outcomes
+    assert (warm_calls, cold_calls) == (0, 1)
+    assert warm_rows == cold_rows and len(warm_rows) == len(broken)
