@@ -29,6 +29,21 @@ def test_every_table_exists_with_its_declared_columns(any_lake_settings):
         assert columns == schema.names, name
 
 
+_OPTIONAL = {"ducklake", "sqlite_scanner", "postgres_scanner", "httpfs"}
+
+
+def _loaded(con) -> set[str]:
+    return _OPTIONAL & {row[0] for row in con.execute(
+        "SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()}
+
+
+def test_a_lake_loads_only_the_extensions_it_needs(any_lake_settings):
+    """Each LOAD verifies a 20-40 MB signature; a per-file task must not pay for unused ones."""
+    con = open_lake(any_lake_settings)
+    wanted = {"ducklake", "sqlite_scanner"} | ({"httpfs"} if any_lake_settings.uses_s3 else set())
+    assert _loaded(con) == wanted
+
+
 def test_append_refuses_a_schema_that_is_not_the_tables(lake_settings):
     con = open_lake(lake_settings)
     wrong = pa.table({"batch_id": ["b"], "line_no": ["not an int"]})
@@ -157,5 +172,6 @@ def test_two_processes_write_a_postgres_catalog_at_once(tmp_path, pg_dsn):
     written = sum(r["rows_ok"] for out in outputs for r in out)
     assert written == 6 * 3000
     con = open_lake(LakeSettings(home=data, catalog_dsn=pg_dsn), read_only=True)
+    assert _loaded(con) == {"ducklake", "postgres_scanner"}
     assert con.execute("SELECT count(*) FROM lake.failure_logs").fetchone()[0] == 6 * 3000
     assert con.execute("SELECT count(*) FROM lake.ingest_batches").fetchone()[0] == 6
