@@ -28,6 +28,7 @@ from tasks.demo_data import DemoDataConfig, generate_demo_data  # noqa: E402
 from tasks.ingest import IngestConfig, ingest_file  # noqa: E402
 from tasks.ingest_features import feature_sql  # noqa: E402
 from tasks.ingest_lines import read_chunks  # noqa: E402
+from tasks.log_checks import forget_verdicts  # noqa: E402
 
 
 def make_file(folder: Path, logs: int) -> Path:
@@ -45,6 +46,7 @@ def make_file(folder: Path, logs: int) -> Path:
 def run_flywheel(path: Path, home: Path, cfg: IngestConfig) -> tuple[float, int]:
     settings = LakeSettings(home=home)
     con = open_lake(settings)
+    forget_verdicts()  # each run starts as a fresh process would, knowing only the warm-up's shapes
     warm = path.with_name("warm.jsonl")  # first call imports GX and builds the suite
     warm.write_bytes(b"".join(path.open("rb").readlines()[:50]))
     ingest_file(con, warm, "warm", cfg, "bench")
@@ -89,7 +91,9 @@ def main() -> None:
         lines = sum(1 for _ in path.open("rb"))
         raw_s = run_duckdb(path, folder / "raw.parquet")
         ours_s, rows = run_flywheel(path, folder / "home", cfg)
-        raw_s = min(raw_s, run_duckdb(path, folder / "raw2.parquet"))  # best of two for the baseline
+        # best of two for each: this shared 2-core VM's timings vary by ~20% run to run
+        raw_s = min(raw_s, run_duckdb(path, folder / "raw2.parquet"))
+        ours_s = min(ours_s, run_flywheel(path, folder / "home2", cfg)[0])
         features_s = run_features(path, cfg)
         assert rows == lines - 50 or rows == lines, (rows, lines)
         mb = path.stat().st_size / 1e6
