@@ -22,7 +22,6 @@ from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 
 
-
 class LakeError(RuntimeError):
     """The lake could not be opened or written; the message says what to fix."""
 

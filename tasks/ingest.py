@@ -290,7 +290,7 @@ def judge_lines(con: duckdb.DuckDBPyConnection, rules: LogRules, verdicts: dict[
 
 def _lines_of(keys: list[tuple], line_nos: pa.ChunkedArray, verdicts: dict[tuple, str | None]) -> dict[int, str]:
     """{line_no: kind} of the groups judged invalid."""
-    return {line_no: verdicts[key] for i, key in enumerate(keys) if verdicts.get(key)
+    return {line_no: kind for i, key in enumerate(keys) if (kind := verdicts.get(key))
             for line_no in line_nos[i].as_py()}
 
 

@@ -105,10 +105,10 @@ def known_verdicts(rules: LogRules) -> dict[tuple, str | None]:
     A verdict depends only on the feature row and the rules, so it holds for every
     later batch too: a long-running ingest worker asks GX about each shape of log once.
     """
-    verdicts = _VERDICTS.setdefault(repr(rules), {})
-    if len(verdicts) > VERDICTS_KEPT:
-        verdicts.clear()
-    return verdicts
+    key = repr(rules)
+    if len(_VERDICTS.get(key, ())) > VERDICTS_KEPT:
+        _VERDICTS.pop(key, None)  # replaced, not cleared: a batch in another thread keeps its own
+    return _VERDICTS.setdefault(key, {})
 
 
 def forget_verdicts() -> None:

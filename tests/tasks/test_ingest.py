@@ -304,3 +304,18 @@ def test_a_later_batch_of_known_shapes_asks_gx_nothing_and_gets_the_same_verdict
     (warm_calls, warm_rows), (cold_calls, cold_rows) = outcomes
     assert (warm_calls, cold_calls) == (0, 1)
     assert warm_rows == cold_rows and len(warm_rows) == len(broken)
+
+
+def test_remembered_verdicts_start_afresh_past_their_bound(monkeypatch):
+    import tasks.log_checks as log_checks
+    from tasks.log_checks import LogRules, known_verdicts
+
+    monkeypatch.setattr(log_checks, "VERDICTS_KEPT", 3)
+    forget_verdicts()
+    held = known_verdicts(LogRules())
+    held.update({(i,): None for i in range(4)})
+    assert known_verdicts(LogRules(max_messages=7)) == {}  # other rules, other verdicts
+    fresh = known_verdicts(LogRules())
+    assert fresh == {} and fresh is not held and len(held) == 4  # a batch holding the old one keeps it
+    fresh[(0,)] = "bad_json"
+    assert known_verdicts(LogRules()) is fresh
