@@ -3,11 +3,21 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.ingest import IngestConfig, discover_task, ingest_file_task
+from tasks.ingest import IngestConfig, ingest_file_task
+from tasks.ingest_sources import discover_task
 
 
 @flow(name="ingest", log_prints=True)
 def ingest_flow(paths: list[str], cycle_id: str = "manual", chunk_lines: int = 20_000) -> list[dict]:
-    """Ingest files, folders or s3:// prefixes; each file commits as one batch."""
+    """Ingest files, folders or s3:// prefixes; each file commits as one batch.
+
+    Files already ingested at their current version are reported as skipped without
+    a task of their own: a scheduled run over a landing prefix that only grows reads
+    and downloads only what is new or changed.
+    """
     cfg = IngestConfig(chunk_lines=chunk_lines)
-    return [ingest_file_task(uri, cfg, cycle_id) for uri in discover_task(paths)]
+    found = discover_task(paths)
+    results = [ingest_file_task(uri, cfg, cycle_id) for uri in found["pending"]]
+    unchanged = [{"batch_id": batch_id, "source_uri": uri, "rows_ok": 0, "rows_quarantined": 0, "skipped": True,
+                  "seconds": 0.0} for uri, batch_id in found["unchanged"].items()]
+    return sorted(results + unchanged, key=lambda r: r["source_uri"])

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.objects import ObjectStoreError
-from tasks.ingest import IngestError, discover_sources
+from tasks.ingest_sources import IngestError, discover_sources
 
 
 def ingest_command(

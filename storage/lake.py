@@ -67,17 +67,28 @@ def open_lake(
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table of storage.schemas that the catalog does not have yet."""
-    existing = {row[0] for row in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'").fetchall()}
+    """Create every table of storage.schemas that the catalog lacks, and add the columns
+    a table created by an earlier version lacks (new columns only ever go at the end)."""
+    existing: dict[str, list[str]] = {}
+    for table, column in con.execute("SELECT table_name, column_name FROM duckdb_columns() "
+                                     "WHERE database_name = 'lake' ORDER BY table_name, column_index").fetchall():
+        existing.setdefault(table, []).append(column)
     missing = [name for name in SCHEMAS if name not in existing]
-    if not missing:
+    short = {name: SCHEMAS[name].names[len(cols):] for name, cols in existing.items()
+             if name in SCHEMAS and len(cols) < len(SCHEMAS[name].names)}
+    if not missing and not short:
         return
     with transaction(con):
         for name in missing:
             con.register("_flywheel_empty", SCHEMAS[name].empty_table())
             con.execute(f"CREATE TABLE IF NOT EXISTS lake.{name} AS SELECT * FROM _flywheel_empty LIMIT 0")
             con.unregister("_flywheel_empty")
+        for name, columns in short.items():
+            con.register("_flywheel_empty", SCHEMAS[name].empty_table())
+            types = dict(con.execute("SELECT column_name, column_type FROM (DESCRIBE _flywheel_empty)").fetchall())
+            con.unregister("_flywheel_empty")
+            for column in columns:
+                con.execute(f"ALTER TABLE lake.{name} ADD COLUMN IF NOT EXISTS {column} {types[column]}")
 
 
 def append_rows(con: duckdb.DuckDBPyConnection, table: str, rows: pa.Table) -> int:

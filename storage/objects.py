@@ -66,6 +66,11 @@ class ObjectStore:
                 if not obj.is_dir:
                     yield ObjectInfo(obj.object_name, obj.size or 0, (obj.etag or "").strip('"'))
 
+    def stat(self, bucket: str, key: str) -> ObjectInfo:
+        with self._translate(f"s3://{bucket}/{key}"):
+            obj = self.client.stat_object(bucket, key)
+        return ObjectInfo(key, obj.size or 0, (obj.etag or "").strip('"'))
+
     def download(self, bucket: str, key: str, path: Path) -> Path:
         with self._translate(f"s3://{bucket}/{key}"):
             self.client.fget_object(bucket, key, str(path))

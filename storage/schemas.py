@@ -14,15 +14,21 @@ _TS = pa.timestamp("us", tz="UTC")
 _JSON = pa.string()  # JSON text; see the module docstring
 
 
-def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
-    return pa.schema([pa.field(name, kind) for name, kind in fields] + [pa.field("cycle_id", pa.string())])
+def _schema(*fields: tuple[str, pa.DataType], added: tuple[tuple[str, pa.DataType], ...] = ()) -> pa.Schema:
+    """`added`: columns a table gained after lakes already held it; they go last, where
+    `storage.lake.ensure_tables` adds them to an existing table."""
+    return pa.schema([pa.field(name, kind) for name, kind in fields] + [pa.field("cycle_id", pa.string())]
+                     + [pa.field(name, kind) for name, kind in added])
 
 
 SCHEMAS: dict[str, pa.Schema] = {
     # one row per landed file; batch_id = sha256 of the file's bytes
     "ingest_batches": _schema(
         ("batch_id", pa.string()), ("source_uri", pa.string()), ("rows_ok", pa.int64()),
-        ("rows_quarantined", pa.int64()), ("ingested_at", _TS)),
+        ("rows_quarantined", pa.int64()), ("ingested_at", _TS),
+        # size and mtime (local) or size and ETag (S3) of the file as ingested: a landing
+        # file seen again unchanged is skipped without being read or downloaded
+        added=(("source_version", pa.string()),)),
     # log_id = sha256 of the record's canonical JSON
     "failure_logs": _schema(
         ("log_id", pa.string()), ("batch_id", pa.string()), ("line_no", pa.int64()),

@@ -19,7 +19,8 @@ from tasks.cycle_config import cycle_config
 from tasks.cycle_state import begin_cycle, finish_cycle, run_stage
 from tasks.evaluate import Policy, evaluate_policies
 from tasks.gate import GateDecision, decide
-from tasks.ingest import discover_sources, ingest_source
+from tasks.ingest import ingest_source
+from tasks.ingest_sources import find_sources, split_unchanged
 from tasks.model_store import local_model_dir, production_version, publish_model
 from tasks.promote import record_gate
 from tasks.reports import build_report, publish_report
@@ -54,9 +55,9 @@ def ingest_landing_task(cycle_id: str, paths: list[str]) -> dict:
 
     def work(con: duckdb.DuckDBPyConnection) -> dict:
         settings = lake_settings()
-        uris = discover_sources(_landing(paths), settings, allow_empty=True)
-        results = [ingest_source(con, settings, uri, cfg, cycle_id) for uri in uris]
-        return {"files": len(results), "skipped": sum(r.skipped for r in results),
+        pending, unchanged = split_unchanged(con, find_sources(_landing(paths), settings, allow_empty=True))
+        results = [ingest_source(con, settings, source.uri, cfg, cycle_id) for source in pending]
+        return {"files": len(results) + len(unchanged), "skipped": sum(r.skipped for r in results) + len(unchanged),
                 "rows_ok": sum(r.rows_ok for r in results),
                 "rows_quarantined": sum(r.rows_quarantined for r in results)}
     return run_stage(cycle_id, "ingest", work)

@@ -36,13 +36,8 @@ from storage.settings import LakeSettings
 from tasks.ingest_features import LOG_ONLY, feature_sql
 from tasks.ingest_lines import read_ahead, read_chunks
 from tasks.ingest_progress import ingest_progress
+from tasks.ingest_sources import local_version, object_version
 from tasks.log_checks import LogRules, explain, first_failures, known_verdicts
-
-_SUFFIXES = (".jsonl", ".jsonl.gz")
-
-
-class IngestError(ValueError):
-    """A path to ingest cannot be used; the message names it and says why."""
 
 
 @dataclass(frozen=True)
@@ -84,56 +79,27 @@ class BatchResult:
     seconds: float
 
 
-def discover_sources(paths: list[str], settings: LakeSettings, *, allow_empty: bool = False) -> list[str]:
-    """Expand files, folders and s3:// keys or prefixes into a sorted list of file URIs.
-
-    An s3:// URI naming one object is that object alone (bucket notifications name
-    exactly the new files); otherwise it is a prefix. A folder or prefix holding no
-    log files is an error unless `allow_empty` (a scheduled ingest finding nothing new).
-    """
-    found: list[str] = []
-    for item in paths:
-        if item.startswith("s3://"):
-            found += _discover_s3(item, settings, allow_empty)
-            continue
-        path = Path(item)
-        if path.is_dir():
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES))
-            if not files and not allow_empty:
-                raise IngestError(f"{item}: folder holds no .jsonl or .jsonl.gz files")
-            found += [str(p.resolve()) for p in files]
-        elif path.is_file():
-            found.append(str(path.resolve()))
-        else:
-            raise IngestError(f"{item}: no such file or folder")
-    return found
-
-
-def _discover_s3(uri: str, settings: LakeSettings, allow_empty: bool) -> list[str]:
-    bucket, prefix = parse_s3_uri(uri)
-    keys = [o.key for o in ObjectStore(settings).list(bucket, prefix)]
-    if prefix in keys:
-        return [uri]
-    logs = sorted(k for k in keys if k.endswith(_SUFFIXES))
-    if not logs and not allow_empty:
-        raise IngestError(f"{uri}: no .jsonl or .jsonl.gz objects under this prefix")
-    return [f"s3://{bucket}/{key}" for key in logs]
-
-
 def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: str,
                   cfg: IngestConfig, cycle_id: str) -> BatchResult:
     """Ingest one file (local path or s3:// URI) as one batch."""
     if uri.startswith("s3://"):
         with tempfile.TemporaryDirectory(dir=settings.home) as tmp:
             bucket, key = parse_s3_uri(uri)
-            local = ObjectStore(settings).download(bucket, key, Path(tmp) / "batch")
-            return ingest_file(con, local, uri, cfg, cycle_id)
+            store = ObjectStore(settings)
+            # Stat, then download: an object replaced in between is recorded at its old
+            # version, so the next scan looks at it again (never the other way round).
+            version = object_version(store.stat(bucket, key))
+            local = store.download(bucket, key, Path(tmp) / "batch")
+            return ingest_file(con, local, uri, cfg, cycle_id, source_version=version)
     return ingest_file(con, Path(uri), uri, cfg, cycle_id)
 
 
 def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
-                cfg: IngestConfig, cycle_id: str) -> BatchResult:
+                cfg: IngestConfig, cycle_id: str, *, source_version: str | None = None) -> BatchResult:
+    """Ingest `path` as one batch; `source_version` (default: the local file's, taken
+    before it is read) is recorded so an unchanged file is not read again."""
     started = time.perf_counter()
+    source_version = source_version or local_version(path)
     batch_id = file_sha256(path)
     # Several writers on a PostgreSQL catalog can conflict at commit; the rolled-back
     # batch is simply redone (after re-checking that nobody else committed it).
@@ -141,7 +107,7 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
         if con.execute("SELECT count(*) FROM lake.ingest_batches WHERE batch_id = ?", [batch_id]).fetchone()[0]:
             return BatchResult(batch_id, source_uri, 0, 0, True, time.perf_counter() - started)
         try:
-            ok, bad = _write_batch(con, path, source_uri, batch_id, cfg, cycle_id)
+            ok, bad = _write_batch(con, path, (source_uri, source_version), batch_id, cfg, cycle_id)
             return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started)
         except duckdb.TransactionException:
             if attempt + 1 == cfg.commit_attempts:
@@ -150,9 +116,9 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
     raise AssertionError("unreachable")
 
 
-def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
+def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source: tuple[str, str],
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
-    ok = bad = 0
+    (source_uri, source_version), ok, bad = source, 0, 0
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
     verdicts = known_verdicts(cfg.rules)
     with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
@@ -170,7 +136,8 @@ def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
         staged.register()
         append_rows(con, "ingest_batches", pa.Table.from_pylist([{
             "batch_id": batch_id, "source_uri": source_uri, "rows_ok": ok, "rows_quarantined": bad,
-            "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id}], schema=SCHEMAS["ingest_batches"]))
+            "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id, "source_version": source_version}],
+            schema=SCHEMAS["ingest_batches"]))
     return ok, bad
 
 
@@ -359,8 +326,3 @@ def ingest_file_task(uri: str, cfg: IngestConfig, cycle_id: str) -> dict:
         return ingest_source(con, settings, uri, cfg, cycle_id).__dict__
     finally:
         con.close()
-
-
-@task(name="discover-landing", retries=2, retry_delay_seconds=[2, 10])
-def discover_task(paths: list[str]) -> list[str]:
-    return discover_sources(paths, lake_settings(), allow_empty=True)

@@ -15,7 +15,8 @@ import pytest
 
 from storage.lake import open_lake
 from storage.objects import ObjectStore
-from tasks.ingest import IngestConfig, IngestError, discover_sources, ingest_file, ingest_source
+from tasks.ingest import IngestConfig, ingest_file, ingest_source
+from tasks.ingest_sources import IngestError, discover_sources
 from tasks.log_checks import forget_verdicts
 from tests.tasks.logs import MALFORMED, valid_log, write_logs
 
