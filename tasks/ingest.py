@@ -34,7 +34,7 @@ from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest_features import LOG_ONLY, feature_sql
-from tasks.ingest_lines import read_ahead, read_chunks
+from tasks.ingest_lines import read_chunks
 from tasks.ingest_progress import ingest_progress
 from tasks.ingest_sources import local_version, object_version
 from tasks.log_checks import LogRules, explain, first_failures, known_verdicts
@@ -122,7 +122,7 @@ def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source: tuple[str, 
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
     verdicts = known_verdicts(cfg.rules)
     with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
-        for step, (chunk, consumed) in enumerate(read_ahead(read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes))):
+        for step, (chunk, consumed) in enumerate(read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes)):
             # With nothing judged yet (a fresh process's first chunk) the chunk is judged
             # whole; after that the odd line of a new shape waits for the batch's end.
             kept, quarantined = ingest_chunk(con, chunk, staged, batch_id, cycle_id, cfg.rules, verdicts,

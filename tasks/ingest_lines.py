@@ -12,19 +12,14 @@ Only the lines themselves are decided here; what makes a line valid is tasks/log
 from __future__ import annotations
 
 import gzip
-import queue
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 # bytes.isspace(): a line of only these is blank, and blank lines separate records
 _SPACE = np.array([0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D], dtype=np.uint8)
-_END = object()  # read_ahead's end-of-items marker
-T = TypeVar("T")
 
 
 def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
@@ -129,45 +124,3 @@ def _is_utf8(line: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def read_ahead(items: Iterator[T], ahead: int = 1) -> Iterator[T]:
-    """Yield `items`, producing up to `ahead` of the next ones in a background thread meanwhile.
-
-    Reading and splitting a block is Python/numpy/Arrow work that releases the GIL,
-    so it overlaps with DuckDB's work on the chunk before it (which releases it too).
-    At most `ahead` items exist beyond the one the caller holds; an error in the
-    producer is raised here, and closing this generator early stops the producer.
-    """
-    slots, ready, stop = threading.Semaphore(ahead), queue.SimpleQueue(), threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                slots.acquire()
-                if stop.is_set():
-                    return
-                ready.put((item, None))
-                del item  # the queue's reference is the only one left
-            ready.put((_END, None))
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            ready.put((_END, exc))
-        finally:
-            getattr(items, "close", lambda: None)()  # a generator left early closes its file now
-
-    producer = threading.Thread(target=produce, name="ingest-read-ahead", daemon=True)
-    producer.start()
-    try:
-        while True:
-            item, error = ready.get()
-            if item is _END:
-                if error is not None:
-                    raise error
-                return
-            yield item
-            del item
-            slots.release()
-    finally:
-        stop.set()
-        slots.release()  # wake a producer waiting for a slot, so it sees `stop`
-        producer.join()

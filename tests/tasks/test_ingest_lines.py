@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import gzip
-import threading
-import time
 
 import pytest
 
-from tasks.ingest_lines import newlines, read_ahead, read_chunks
+from tasks.ingest_lines import newlines, read_chunks
 
 _LINES = [b'{"a": 1}', b"", b"   ", b"\t", b'{"x": "\xff"}', b"[1,2]\r", b"abc\r\r", b"\r", b' {"b": 2}',
           b"x" * 3000, b"\xc3\xa9t\xc3\xa9", b"\x0c\x1c"]
@@ -60,46 +58,3 @@ def test_newlines_are_found_across_search_slices():
     block = b"ab\n\ncd\n" * 1000
     assert newlines(block, step=5).tolist() == [i for i, byte in enumerate(block) if byte == 0x0A]
     assert newlines(b"no newline").tolist() == []
-
-
-def test_read_ahead_yields_every_item_in_order_and_produces_at_most_one_ahead():
-    produced = []
-
-    def items():
-        for i in range(50):
-            produced.append(i)
-            yield i
-
-    seen = []
-    for item in read_ahead(items(), ahead=1):
-        time.sleep(0.001)  # give the producer every chance to run ahead
-        assert len(produced) <= item + 2, (item, len(produced))  # the item held, plus one
-        seen.append(item)
-    assert seen == list(range(50))
-
-
-def test_read_ahead_raises_the_producers_error_in_the_caller():
-    def items():
-        yield 1
-        raise ValueError("bad block")
-
-    reader = read_ahead(items())
-    assert next(reader) == 1
-    with pytest.raises(ValueError, match="bad block"):
-        next(reader)
-
-
-def test_leaving_read_ahead_early_stops_the_producer_and_closes_its_source():
-    closed = threading.Event()
-
-    def items():
-        try:
-            yield from range(1_000_000)
-        finally:
-            closed.set()
-
-    reader = read_ahead(items())
-    assert [next(reader) for _ in range(3)] == [0, 1, 2]
-    reader.close()  # what a `for` loop left by an exception does
-    assert closed.wait(5)
-    assert not any(t.name == "ingest-read-ahead" for t in threading.enumerate())
