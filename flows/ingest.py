@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.ingest import IngestConfig, ingest_file_task
+from tasks.ingest import BatchResult, IngestConfig, ingest_file_task
 from tasks.ingest_sources import discover_task
 
 
@@ -18,6 +18,5 @@ def ingest_flow(paths: list[str], cycle_id: str = "manual", chunk_lines: int = 2
     cfg = IngestConfig(chunk_lines=chunk_lines)
     found = discover_task(paths)
     results = [ingest_file_task(uri, cfg, cycle_id) for uri in found["pending"]]
-    unchanged = [{"batch_id": batch_id, "source_uri": uri, "rows_ok": 0, "rows_quarantined": 0, "skipped": True,
-                  "seconds": 0.0} for uri, batch_id in found["unchanged"].items()]
+    unchanged = [BatchResult.unchanged(uri, batch_id).__dict__ for uri, batch_id in found["unchanged"].items()]
     return sorted(results + unchanged, key=lambda r: r["source_uri"])

@@ -64,12 +64,11 @@ class ObjectStore:
         with self._translate(f"s3://{bucket}/{prefix}"):
             for obj in self.client.list_objects(bucket, prefix=prefix, recursive=True):
                 if not obj.is_dir:
-                    yield ObjectInfo(obj.object_name, obj.size or 0, (obj.etag or "").strip('"'))
+                    yield _info(obj)
 
     def stat(self, bucket: str, key: str) -> ObjectInfo:
         with self._translate(f"s3://{bucket}/{key}"):
-            obj = self.client.stat_object(bucket, key)
-        return ObjectInfo(key, obj.size or 0, (obj.etag or "").strip('"'))
+            return _info(self.client.stat_object(bucket, key))
 
     def download(self, bucket: str, key: str, path: Path) -> Path:
         with self._translate(f"s3://{bucket}/{key}"):
@@ -97,6 +96,11 @@ class ObjectStore:
 
     def _translate(self, what: str):
         return _Translate(self.settings, what)
+
+
+def _info(obj) -> ObjectInfo:
+    """A minio listing entry or stat result as our ObjectInfo (ETag without its quotes)."""
+    return ObjectInfo(obj.object_name, obj.size or 0, (obj.etag or "").strip('"'))
 
 
 class _Translate:

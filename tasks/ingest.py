@@ -78,6 +78,11 @@ class BatchResult:
     """True when this exact file was ingested before; nothing was written."""
     seconds: float
 
+    @classmethod
+    def unchanged(cls, source_uri: str, batch_id: str) -> BatchResult:
+        """A file skipped because it was ingested before at its current version."""
+        return cls(batch_id, source_uri, 0, 0, True, 0.0)
+
 
 def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: str,
                   cfg: IngestConfig, cycle_id: str) -> BatchResult:
