@@ -22,13 +22,17 @@ demo: install
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
 
-install: system $(STAMP)
+NATIVE := $(VENV)/.native
 
-# bubblewrap isolates verifier code; chromium takes the UI test's screenshots.
+install: system $(STAMP) $(NATIVE)
+
+# bubblewrap isolates verifier code; chromium takes the UI test's screenshots; a C
+# compiler and OpenSSL's headers build ingest's line scanner (tasks/logscan.c).
 # apt only runs when one is missing.
 system:
-	@command -v bwrap >/dev/null && command -v chromium >/dev/null || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap chromium; }
+	@command -v bwrap >/dev/null && command -v chromium >/dev/null && command -v cc >/dev/null && \
+		test -f /usr/include/openssl/evp.h || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap chromium gcc libssl-dev; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +45,11 @@ $(STAMP): pyproject.toml constraints.txt
 	# No op prebuilding: a JIT build of DeepSpeed ops costs a minute at first use.
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
+
+# The editable install builds tasks/_logscan*.so in place; rebuild it when its C changes.
+$(NATIVE): tasks/logscan.c tasks/logscan_json.h $(STAMP)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	touch $(NATIVE)
 
 clean:
 	rm -rf $(VENV) .flywheel .pytest_cache

@@ -120,6 +120,7 @@ class StagedRows:
         data_path = con.execute("SELECT getvariable('flywheel_data_path')").fetchone()[0]
         self.prefix = f"{data_path}staging/{name}/"
         self.files: dict[str, list[str]] = {}
+        self.checked: set[tuple[str, str]] = set()
         if not self.prefix.startswith("s3://"):
             Path(self.prefix).mkdir(parents=True, exist_ok=True)
 
@@ -142,7 +143,9 @@ class StagedRows:
         """Stage the rows of a DuckDB query, written by DuckDB without passing through
         Python; its result columns must be the table's schema. Snappy is DuckLake's own
         default codec; smaller row groups make the writer buffer less."""
-        _check_schema(table, self.con.sql(f"SELECT * FROM ({query}) LIMIT 0").to_arrow_table())
+        if (table, query) not in self.checked:  # a batch stages the same query once per chunk
+            _check_schema(table, self.con.sql(f"SELECT * FROM ({query}) LIMIT 0").to_arrow_table())
+            self.checked.add((table, query))
         files = self.files.setdefault(table, [])
         path = f"{self.prefix}{table}-{len(files):05d}.parquet"
         options = f"FORMAT parquet, COMPRESSION {compression}, ROW_GROUP_SIZE {int(row_group_size)}"

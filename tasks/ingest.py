@@ -36,6 +36,7 @@ from storage.settings import LakeSettings
 from tasks.ingest_features import LOG_ONLY, feature_sql
 from tasks.ingest_lines import read_chunks
 from tasks.ingest_progress import ingest_progress
+from tasks.ingest_scan import clean_features_sql, scan_lines, slow_lines
 from tasks.ingest_sources import local_version, object_version
 from tasks.log_checks import LogRules, explain, first_failures, known_verdicts
 
@@ -154,10 +155,12 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# Scratch tables of one batch, beside the lake: the current chunk's derived rows, the
-# lines it drops, and the logs staged so far (repeats across chunks are found by a
-# hash join on these instead of re-reading the staged Parquet).
+# Scratch tables of one batch, beside the lake: the current chunk's derived rows (a
+# view over its scan), the lines it drops or sets aside, and the logs staged so far
+# (repeats across chunks are found by a hash join on these instead of re-reading the
+# staged Parquet).
 _ROWS, _DROP, _SEEN = "temp.main._ingest_rows", "temp.main._ingest_drop", "temp.main._ingest_seen"
+_ASIDE, _SLOW = "temp.main._ingest_aside", "temp.main._ingest_slow_rows"
 _DEFERRED = "temp.main._ingest_deferred"  # lines of new shapes, judged at the batch's end
 
 
@@ -166,10 +169,12 @@ def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     # log_id as its 32 raw bytes: half the memory of the hex text for a million-line batch
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_seen (log_id BLOB, line_no BIGINT)")
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_drop (line_no BIGINT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_aside (line_no BIGINT)")
     try:
         yield
     finally:
-        for name in (_ROWS, _DROP, _SEEN, _DEFERRED):
+        con.execute(f"DROP VIEW IF EXISTS {_ROWS}")
+        for name in (_DROP, _SEEN, _ASIDE, _SLOW, _DEFERRED):
             con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
@@ -178,30 +183,37 @@ def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: Staged
                  defer_at_most: int = 0) -> tuple[int, int]:
     """Validate one chunk (line_no, raw, nbytes, utf8_ok) and stage it; (rows kept, rows quarantined).
 
-    The derived rows stay in DuckDB (memory bounded by its memory_limit); only distinct
+    The derived rows are a view over the chunk's scan (tasks/ingest_scan.py) plus the
+    full feature query's rows for the few lines the scanner left to it; only distinct
     feature rows travel to Python for GX, and DuckDB writes the kept rows' Parquet itself.
     `verdicts` carries GX's verdicts from chunk to chunk and batch to batch. Up to
     `defer_at_most` lines whose feature rows are new are set aside for
     `ingest_deferred` instead of costing this chunk a GX call of their own.
     """
+    scanned = scan_lines(chunk, rules)
     # Several record batches let DuckDB scan the chunk on all its threads.
-    con.register("_ingest_chunk", pa.Table.from_batches(chunk.to_batches(max_chunksize=8192)))
+    con.register("_ingest_chunk", pa.Table.from_batches(scanned.to_batches(max_chunksize=8192)))
+    con.register("_ingest_slow", slow_lines(scanned))
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_rows AS {feature_sql(rules, '_ingest_chunk')}")
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS {feature_sql(rules, '_ingest_slow')}")
+        con.execute(f"""CREATE OR REPLACE TEMP VIEW _ingest_rows AS
+            SELECT * FROM ({clean_features_sql(rules, '_ingest_chunk')} UNION ALL BY NAME SELECT * FROM {_SLOW})
+            WHERE line_no NOT IN (SELECT line_no FROM {_ASIDE})""")
         bad_lines, deferred = judge_lines(con, rules, verdicts, defer_at_most=defer_at_most)
         if deferred:
-            _set_dropped(con, dict.fromkeys(deferred, "deferred"))
-            # Filter both sides first: joining the whole chunk to pick a few lines cost 0.3 s a batch.
-            aside = f"""SELECT r.*, c.raw
-                        FROM (SELECT * FROM {_ROWS} WHERE line_no IN (SELECT line_no FROM {_DROP})) r
-                        JOIN (SELECT line_no, raw FROM _ingest_chunk
-                              WHERE line_no IN (SELECT line_no FROM {_DROP})) c USING (line_no)"""
+            # A literal list (at most defer_lines numbers) is pushed into both scans,
+            # so picking the few lines does not evaluate the whole chunk.
+            picked = f"line_no IN ({', '.join(map(str, deferred))})"
+            aside = f"""SELECT r.*, c.raw FROM (SELECT * FROM {_ROWS} WHERE {picked}) r
+                        JOIN (SELECT line_no, raw FROM _ingest_chunk WHERE {picked}) c USING (line_no)"""
             con.execute(f"CREATE TEMP TABLE IF NOT EXISTS _ingest_deferred AS {aside} LIMIT 0")
             con.execute(f"INSERT INTO {_DEFERRED} {aside}")
-            con.execute(f"DELETE FROM {_ROWS} WHERE line_no IN (SELECT line_no FROM {_DROP})")
+            _set_lines(con, _ASIDE, deferred)  # now out of the view
+        return _stage_judged(con, chunk, chunk.num_rows - len(deferred), bad_lines, staged, batch_id, cycle_id, rules)
     finally:
+        con.execute(f"DELETE FROM {_ASIDE}")
         con.unregister("_ingest_chunk")
-    return _stage_judged(con, chunk, bad_lines, staged, batch_id, cycle_id, rules)
+        con.unregister("_ingest_slow")
 
 
 def ingest_deferred(con: duckdb.DuckDBPyConnection, staged: StagedRows, batch_id: str, cycle_id: str,
@@ -210,26 +222,27 @@ def ingest_deferred(con: duckdb.DuckDBPyConnection, staged: StagedRows, batch_id
     if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = '_ingest_deferred'").fetchone()[0]:
         return 0, 0
     lines = con.sql(f"SELECT line_no, raw FROM {_DEFERRED}").to_arrow_table()
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_rows AS SELECT * EXCLUDE (raw) FROM {_DEFERRED}")
-    con.execute(f"DROP TABLE {_DEFERRED}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _ingest_rows AS SELECT * EXCLUDE (raw) FROM {_DEFERRED}")
     bad_lines, _ = judge_lines(con, rules, verdicts)
-    return _stage_judged(con, lines, bad_lines, staged, batch_id, cycle_id, rules)
+    counts = _stage_judged(con, lines, lines.num_rows, bad_lines, staged, batch_id, cycle_id, rules)
+    con.execute(f"DROP TABLE {_DEFERRED}")
+    return counts
 
 
-def _stage_judged(con: duckdb.DuckDBPyConnection, lines: pa.Table, bad_lines: dict[int, str],
+def _stage_judged(con: duckdb.DuckDBPyConnection, lines: pa.Table, n_rows: int, bad_lines: dict[int, str],
                   staged: StagedRows, batch_id: str, cycle_id: str, rules: LogRules) -> tuple[int, int]:
-    """Stage the judged rows of _ROWS: valid non-repeats as logs, the rest (raw from `lines`) as quarantine."""
-    n_rows = con.execute(f"SELECT count(*) FROM {_ROWS}").fetchone()[0]
-    _set_dropped(con, bad_lines)
+    """Stage the `n_rows` judged rows of _ROWS: valid non-repeats as logs, the rest (raw
+    from `lines`) as quarantine."""
+    _set_lines(con, _DROP, bad_lines)
     repeats = find_repeats(con)
-    _set_dropped(con, {**bad_lines, **repeats})
+    _set_lines(con, _DROP, repeats, keep=True)
     kept = f"SELECT * FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP})"
     staged.stage_query("failure_logs", f"""
         SELECT log_id, {_literal(batch_id)} AS batch_id, line_no, request_id, ts, model, domain, verifier,
                messages, response, failure_kind, failure_detail, reference, meta, {_literal(cycle_id)} AS cycle_id
         FROM ({kept})""")
     con.execute(f"INSERT INTO {_SEEN} SELECT unhex(log_id), line_no FROM ({kept})")
-    con.execute(f"DROP TABLE {_ROWS}")  # free it before the next chunk is read
+    con.execute(f"DROP VIEW {_ROWS}")
     quarantined = _quarantine_rows(lines, bad_lines, repeats, batch_id, cycle_id, rules)
     staged.stage("quarantine", quarantined)
     return n_rows - len(bad_lines) - len(repeats), quarantined.num_rows
@@ -266,14 +279,12 @@ def _lines_of(keys: list[tuple], line_nos: pa.ChunkedArray, verdicts: dict[tuple
             for line_no in line_nos[i].as_py()}
 
 
-def _set_dropped(con: duckdb.DuckDBPyConnection, line_nos: dict[int, str]) -> None:
-    con.execute(f"DELETE FROM {_DROP}")
-    if line_nos:
-        con.register("_ingest_lines", pa.table({"line_no": pa.array(list(line_nos), pa.int64())}))
-        try:
-            con.execute(f"INSERT INTO {_DROP} SELECT line_no FROM _ingest_lines")
-        finally:
-            con.unregister("_ingest_lines")
+def _set_lines(con: duckdb.DuckDBPyConnection, table: str, line_nos, *, keep: bool = False) -> None:
+    """Make `table` hold `line_nos` (added to what it holds when `keep`)."""
+    if not keep:
+        con.execute(f"DELETE FROM {table}")
+    if line_nos:  # one list parameter: registering an Arrow table costs ~6 ms a call
+        con.execute(f"INSERT INTO {table} SELECT unnest(?::BIGINT[])", [list(line_nos)])
 
 
 def _literal(text: str) -> str:
@@ -283,7 +294,7 @@ def _literal(text: str) -> str:
 # Valid lines identical to an earlier valid line of this chunk, to one staged from an
 # earlier chunk of this batch, or to a log already in the lake.
 _REPEATS_SQL = f"""
-WITH ids AS (SELECT log_id, line_no FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP}))
+WITH ids AS MATERIALIZED (SELECT log_id, line_no FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP}))
 SELECT c.log_id, c.line_no, c.first_line, s.line_no AS seen_line, f.batch_id AS seen_batch, f.line_no AS lake_line
 FROM (SELECT log_id, line_no, min(line_no) OVER (PARTITION BY log_id) AS first_line FROM ids) c
 LEFT JOIN {_SEEN} s ON s.log_id = unhex(c.log_id)

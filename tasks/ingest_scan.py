@@ -1,0 +1,103 @@
+"""Per-line features in two paths: a native scan for the clean lines, DuckDB for the rest.
+
+DuckDB's feature query (tasks/ingest_features.py) defines every feature, but it
+parses each line and its nested values several times over. Nearly every production
+line is a plain, well-formed log, so `scan_lines` first runs the native scanner
+(tasks/logscan.c, one strict C pass per line, on two threads): for a line it calls
+clean, every feature and every failure_logs value is fixed by what it read, and
+`clean_features_sql` only copies them, adding the few that need DuckDB's own
+functions (the timestamp cast, the verifier of a domain). The lines it does not call
+clean (bad JSON, a wrong type, a float, a repeated key...) go through the full query
+(`slow_lines`). Either way the Great Expectations suite judges the feature rows;
+nothing here decides validity. tests/tasks/test_ingest_scan.py holds the two paths
+to the same rows.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks import _logscan
+from tasks.log_checks import LogRules
+
+# Order of the scanner's outputs (tasks/logscan.c: the B_* and S_* enums).
+_BYTE_COLUMNS = ("clean", "c_id", "c_meta", "c_verifier", "c_detail", "answer_ok", "code_ok", "schema_ok")
+_TEXT_COLUMNS = ("request_id", "ts_text", "model", "domain", "verifier", "response", "failure_kind",
+                 "failure_detail", "messages", "reference", "meta")
+_FLAGS = ("clean", "answer_ok", "code_ok", "schema_ok")
+_TYPE_CODES = "CASE {} WHEN 1 THEN 'VARCHAR' WHEN 2 THEN 'OBJECT' WHEN 3 THEN 'NULL' END"
+_THREADS = 2
+_POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="logscan")
+
+
+def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
+    """`chunk` (line_no, raw, nbytes, utf8_ok) with the scanner's columns beside it.
+
+    Each Arrow chunk of `raw` is scanned where it lies (no copy), in halves on two threads.
+    """
+    limits = (rules.max_messages, rules.max_content_chars, rules.max_response_chars)
+    lengths = chunk.column("nbytes").combine_chunks().to_numpy()
+    work, row = [], 0
+    for raw in chunk.column("raw").chunks:
+        offsets = np.frombuffer(raw.buffers()[1], dtype=np.int64)[raw.offset:raw.offset + len(raw) + 1]
+        data = raw.buffers()[2] or pa.py_buffer(b"")
+        for lo, hi in _halves(len(raw)):
+            work.append((data, offsets[lo:hi].tobytes(), lengths[row + lo:row + hi].tobytes()))
+        row += len(raw)
+    parts = list(_POOL.map(lambda args: _logscan.scan(*args, *limits), work))
+    table = chunk
+    for i, name in enumerate(_BYTE_COLUMNS):
+        values = np.frombuffer(b"".join(p[0][i] for p in parts), dtype=np.uint8)
+        table = table.append_column(name, pa.array(values.astype(bool) if name in _FLAGS else values))
+    ids = b"".join(p[1] for p in parts)
+    table = table.append_column("log_id_bytes", pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(32), len(ids) // 32, [None, pa.py_buffer(ids)]))
+    for i, name in enumerate(_TEXT_COLUMNS):
+        table = table.append_column(name, pa.chunked_array([_text_array(p[2][i]) for p in parts],
+                                                           pa.large_string()))
+    return table
+
+
+def _halves(rows: int) -> list[tuple[int, int]]:
+    middle = rows // _THREADS
+    return [(0, middle), (middle, rows)] if middle else [(0, rows)]
+
+
+def _text_array(column: tuple[bytes, bytes, bytes]) -> pa.Array:
+    valid, offsets, data = column
+    mask = np.frombuffer(valid, dtype=np.uint8).astype(bool)
+    return pa.LargeStringArray.from_buffers(len(mask), pa.py_buffer(offsets), pa.py_buffer(data),
+                                            pa.py_buffer(np.packbits(mask, bitorder="little")),
+                                            null_count=int(len(mask) - mask.sum()))
+
+
+def clean_features_sql(rules: LogRules, source: str) -> str:
+    """feature_sql's rows for the clean lines of `source` (a `scan_lines` table), copied
+    from the scan; `slow_lines` picks the others for the full query."""
+    verifier_of_domain = " ".join(f"WHEN '{d}' THEN '{v}'" for d, v in rules.domain_map.items())
+    text = "'VARCHAR'"
+    return f"""
+SELECT line_no, utf8_ok, true AS is_json, 'OBJECT' AS top_type,
+  nbytes <= {rules.max_line_bytes} AS size_ok, true AS has_required,
+  'ARRAY' AS t_messages, {text} AS t_response, {text} AS t_domain, 'OBJECT' AS t_reference,
+  {text} AS t_ts, {text} AS t_model, 'OBJECT' AS t_failure, {text} AS t_failure_kind,
+  {_TYPE_CODES.format('c_id')} AS t_id, {_TYPE_CODES.format('c_meta')} AS t_meta,
+  {_TYPE_CODES.format('c_verifier')} AS t_verifier, {_TYPE_CODES.format('c_detail')} AS t_failure_detail,
+  true AS messages_well_typed, true AS roles_ok, true AS content_ok, true AS size_limits_ok,
+  domain, verifier,
+  CASE coalesce(verifier, CASE domain {verifier_of_domain} END)
+    WHEN 'math' THEN answer_ok WHEN 'exact' THEN answer_ok WHEN 'code' THEN code_ok
+    WHEN 'json_schema' THEN schema_ok END AS reference_ok,
+  ts IS NOT NULL AS ts_ok,
+  lower(hex(log_id_bytes)) AS log_id, request_id, ts, model,
+  messages, response, failure_kind, failure_detail, reference, meta
+FROM (SELECT * EXCLUDE (raw), TRY_CAST(ts_text AS TIMESTAMPTZ) AS ts FROM {source} WHERE clean)
+"""
+
+
+def slow_lines(scanned: pa.Table) -> pa.Table:
+    """The lines of a `scan_lines` table the scanner did not call clean, as feature_sql reads them."""
+    return scanned.filter(pc.invert(scanned["clean"])).select(["line_no", "raw", "nbytes", "utf8_ok"])

@@ -1,0 +1,212 @@
+"""The native scan's fast path gives exactly the rows DuckDB's feature query gives.
+
+Each line is derived both ways: through tasks/ingest_scan.py (the C scanner for clean
+lines, the full query for the rest) and through the full query alone. Every column
+(features, log_id, stored JSON text) must match for every line, over the demo data
+(every planted malformation) and over hand-made edge cases: escapes, whitespace, key
+order, floats, repeated keys, boundary sizes, the lenient JSON DuckDB accepts.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from tasks.demo_data import DemoDataConfig, generate_demo_data
+from tasks.ingest_features import feature_sql
+from tasks.ingest_lines import read_chunks
+from tasks.ingest_scan import clean_features_sql, scan_lines, slow_lines
+from tasks.log_checks import LogRules
+from tests.tasks.logs import MALFORMED, valid_log
+
+RULES = LogRules()
+
+
+def _code_log() -> dict:
+    return {"id": "req-c", "ts": "2026-11-30T12:00:00+01:00", "model": "m", "domain": "code",
+            "messages": [{"role": "user", "content": "Write add(a, b)."}], "response": "def add(a, b): return a - b",
+            "failure": {"kind": "test_failed"},
+            "reference": {"entry_point": "add", "tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}}
+
+
+def _json_log() -> dict:
+    return {**valid_log(5), "domain": "json", "reference": {"schema": {"type": "object"}}}
+
+
+_ABSENT = object()
+
+
+def _variant(**changes) -> str:
+    """A valid log with fields changed (or dropped: _ABSENT)."""
+    log = valid_log(1)
+    for key, value in changes.items():
+        if value is _ABSENT:
+            log.pop(key)
+        else:
+            log[key] = value
+    return json.dumps(log)
+
+
+def _raw(field: str, json_text: str, **changes) -> str:
+    """A valid log whose `field` is spelled exactly `json_text`."""
+    return _variant(**{field: "@@"}, **changes).replace('"@@"', json_text)
+
+
+# Lines the fast path must take (clean), each spelling something DuckDB normalises.
+CLEAN = {
+    "plain": json.dumps(valid_log(0)),
+    "minified": json.dumps(valid_log(2), separators=(",", ":")),
+    "spaced": json.dumps(valid_log(3), indent=None, separators=(" ,  ", " :\t")),
+    "reordered": json.dumps(dict(reversed(list(valid_log(4).items())))),
+    "escapes": _raw("response", r'"caf\u00e9 \/ \ud83d\ude00 \u001f \t \u2028 é \" \\ \b\f\r\n \u00E9"'),
+    "escaped_source": json.dumps(valid_log(6)).replace('"policy-v3"', '"\\u0070olicy\\/v3"'),
+    "no_id_null_meta": _variant(id=_ABSENT, meta=None),
+    "no_meta": _variant(meta=_ABSENT),
+    "verifier_null": _variant(verifier=None),
+    "verifier_exact": _variant(verifier="exact", reference={"answer": 7}),
+    "detail_null": _variant(failure={"kind": "wrong_answer", "detail": None}),
+    "no_detail": _variant(failure={"kind": "wrong_answer", "extra": [1, {"a": True}]}),
+    "message_name": _variant(messages=[{"role": "user", "name": "ann", "content": "hi", "n": [1, -2]}]),
+    "unknown_top_key": _variant(trace={"spans": [1, 2, {"x": None}]}),
+    "big_int": _variant(meta={"n": 1234567890123456789, "m": -9223372036854775808}),
+    "code": json.dumps(_code_log()),
+    "json": json.dumps(_json_log()),
+    "unknown_domain": _variant(domain="chemistry"),
+    "unknown_verifier": _variant(verifier="vibes"),
+    "bad_ts": _variant(ts="yesterday"),
+    "wrong_answer_type": _variant(reference={"answer": True}),
+    "bad_entry_point": json.dumps({**_code_log(), "reference": {"entry_point": "1add", "tests": "def check(c): pass"}}),
+    "no_check": json.dumps({**_code_log(), "reference": {"entry_point": "add", "tests": "assert add(1, 2) == 3"}}),
+    "solution_null": json.dumps({**_code_log(), "reference": {**_code_log()["reference"], "solution": None}}),
+    "schema_not_object": json.dumps({**_json_log(), "reference": {"schema": "object"}}),
+    "tab_content": _variant(messages=[{"role": "user", "content": "\t"}]),
+    "crlf": json.dumps(valid_log(7)) + "\r",
+}
+
+# Lines the fast path leaves to the full query: it must not claim them.
+NOT_CLEAN = {
+    "float": _variant(meta={"latency_s": 0.25}),
+    "exponent": _variant(reference={"answer": 1e5}),
+    "minus_zero": _raw("meta", '{"z": -0}'),
+    "huge_int": _variant(meta={"n": 10 ** 25}),
+    "trailing_comma": json.dumps(valid_log(8))[:-1] + ",}",
+    "nan": _raw("meta", '{"x": NaN}'),
+    "repeated_key": json.dumps(valid_log(9))[:-1] + ', "domain": "code"}',
+    "repeated_role": _raw("messages", '[{"role": "user", "role": "tool", "content": "x"}]'),
+    "nul": _raw("response", r'"a\u0000b"'),
+    "lone_surrogate": _raw("response", r'"\ud800"'),
+    "no_user": _variant(messages=[{"role": "system", "content": "s"}]),
+    "blank": _variant(messages=[{"role": "user", "content": "   "}]),
+    "empty_messages": _variant(messages=[]),
+    "item_not_object": _variant(messages=["hi"]),
+    "content_number": _variant(messages=[{"role": "user", "content": 5}]),
+    "id_number": _variant(id=5),
+    "meta_array": _variant(meta=[1]),
+    "verifier_number": _variant(verifier=3),
+    "detail_number": _variant(failure={"kind": "x", "detail": 3}),
+    "no_kind": _variant(failure={"detail": "x"}),
+    "too_many_messages": _variant(messages=[{"role": "user", "content": "x"}] * 65),
+    "content_over_limit": _variant(messages=[{"role": "user", "content": "é" * 32_769}]),
+    "response_over_limit": _variant(response="x" * 32_769),
+    "combining_at_limit": _variant(response="e\u0301" * 16_385),
+    "top_array": "[1, 2]",
+    "top_string": '"log"',
+    "empty_object": "{}",
+    "comment": json.dumps(valid_log(10)) + " /* c */",
+    "trailing_garbage": json.dumps(valid_log(11)) + " x",
+    "deep": _variant(meta={"a": json.loads("[" * 70 + "]" * 70)}),
+}
+
+
+def _rows_both_ways(tmp_path: Path, lines: list[bytes]) -> tuple[list, list, list[bool]]:
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    con = duckdb.connect()
+    fast, slow, clean = [], [], []
+    for chunk, _ in read_chunks(path, 10_000, 1 << 20):
+        scanned = scan_lines(chunk, RULES)
+        con.register("scanned", scanned)
+        con.register("slow_lines", slow_lines(scanned))
+        con.register("lines", chunk)
+        both = f"""SELECT * FROM ({clean_features_sql(RULES, 'scanned')}
+                   UNION ALL BY NAME SELECT * FROM ({feature_sql(RULES, 'slow_lines')})) ORDER BY line_no"""
+        columns = [d[0] for d in con.execute(f"SELECT * FROM ({feature_sql(RULES, 'lines')}) LIMIT 0").description]
+        fast += con.execute(f"SELECT {', '.join(columns)} FROM ({both})").fetchall()
+        slow += con.execute(f"SELECT {', '.join(columns)} FROM ({feature_sql(RULES, 'lines')}) ORDER BY line_no").fetchall()
+        clean += scanned.column("clean").to_pylist()
+    return fast, slow, clean
+
+
+def _assert_same(fast: list, slow: list, names: list[str]) -> None:
+    assert len(fast) == len(slow) == len(names)
+    for name, a, b in zip(names, fast, slow, strict=True):
+        assert a == b, f"{name}: fast path {a} != full query {b}"
+
+
+def test_edge_cases_give_the_full_querys_rows(tmp_path):
+    cases = {**CLEAN, **NOT_CLEAN, **{f"malformed_{k}": line for k, (line, _) in MALFORMED.items()}}
+    fast, slow, clean = _rows_both_ways(tmp_path, [line.encode() for line in cases.values()])
+    _assert_same(fast, slow, list(cases))
+    claimed = dict(zip(cases, clean, strict=True))
+    assert [name for name in CLEAN if not claimed[name]] == []
+    assert [name for name in NOT_CLEAN if claimed[name]] == []
+
+
+def test_demo_data_gives_the_full_querys_rows(tmp_path):
+    """Every demo line (valid logs, repeats, leaks, every planted malformation) both ways."""
+    generate_demo_data(tmp_path / "demo", DemoDataConfig(logs=3000, seed=3))
+    lines = [line for part in sorted((tmp_path / "demo" / "landing").iterdir())
+             for line in _read(part).splitlines() if line.strip()]
+    fast, slow, clean = _rows_both_ways(tmp_path, lines)
+    _assert_same(fast, slow, [f"line {i + 1}" for i in range(len(lines))])
+    assert sum(clean) > 0.9 * len(lines)  # the fast path carries the load
+
+
+def test_undecodable_bytes_and_a_long_line_agree(tmp_path):
+    lines = [json.dumps(valid_log(1)).replace("calculator", "calcul\xe9tor").encode("latin-1"),
+             _variant(response="y" * 70_000).encode()]
+    fast, slow, clean = _rows_both_ways(tmp_path, lines)
+    _assert_same(fast, slow, ["latin-1", "over max_line_bytes"])
+    assert slow[0][1] is False  # utf8_ok: the line is flagged, whichever path read it
+
+
+def test_mutated_lines_give_the_full_querys_rows(tmp_path):
+    """Seeded single-byte edits of valid logs (a quote, backslash, brace, comma, digit,
+    space or letter inserted, dropped or replaced): whatever the scanner makes of
+    them, the rows match."""
+    rng = random.Random(11)
+    alphabet = '"\\{}[],:0-.eE uU/nt\x01\xc3\xa9'
+    lines = []
+    for i in range(3000):
+        base = json.dumps(rng.choice([valid_log(i), _code_log(), _json_log()]))
+        at = rng.randrange(len(base))
+        edit = rng.choice(("insert", "drop", "replace"))
+        char = rng.choice(alphabet)
+        lines.append((base[:at] + (char if edit != "drop" else "") + base[at + (edit != "insert"):]).encode())
+    fast, slow, clean = _rows_both_ways(tmp_path, lines)
+    _assert_same(fast, slow, [line.decode(errors="replace") for line in lines])
+    assert 0.2 * len(lines) < sum(clean) < 0.95 * len(lines)  # both paths really exercised
+
+
+@pytest.mark.parametrize("threads_split", [1, 2, 3, 10_001])
+def test_chunking_does_not_change_rows(tmp_path, threads_split):
+    """Lines split over Arrow chunks and thread halves give the same log ids as one pass."""
+    lines = [json.dumps(valid_log(i)).encode() for i in range(threads_split)]
+    fast, slow, _ = _rows_both_ways(tmp_path, lines)
+    _assert_same(fast, slow, [str(i) for i in range(threads_split)])
+
+
+def test_scan_rejects_spans_outside_its_data():
+    from tasks import _logscan
+    with pytest.raises(ValueError, match="outside the data"):
+        _logscan.scan(b"{}", pa.array([0], pa.int64()).buffers()[1], pa.array([5], pa.int64()).buffers()[1],
+                      64, 100, 100)
+
+
+def _read(part: Path) -> bytes:
+    import gzip
+    return gzip.decompress(part.read_bytes()) if part.name.endswith(".gz") else part.read_bytes()
