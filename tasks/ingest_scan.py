@@ -14,13 +14,18 @@ to the same rows.
 """
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks import _logscan
+from tasks.ingest_lines import read_chunks
 from tasks.log_checks import LogRules
 
 # Order of the scanner's outputs (tasks/logscan.c: the B_* and S_* enums).
@@ -28,9 +33,56 @@ _BYTE_COLUMNS = ("clean", "c_id", "c_meta", "c_verifier", "c_detail", "answer_ok
 _TEXT_COLUMNS = ("request_id", "ts_text", "model", "domain", "verifier", "response", "failure_kind",
                  "failure_detail", "messages", "reference", "meta")
 _FLAGS = ("clean", "answer_ok", "code_ok", "schema_ok")
+LINE_COLUMNS = ["line_no", "raw", "nbytes", "utf8_ok"]
+"""A chunk's own columns (tasks/ingest_lines.py), which feature_sql reads."""
 _TYPE_CODES = "CASE {} WHEN 1 THEN 'VARCHAR' WHEN 2 THEN 'OBJECT' WHEN 3 THEN 'NULL' END"
 _THREADS = 2
 _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="logscan")
+
+
+def scanned_chunks(path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
+    """read_chunks' steps, each through `scan_lines`, one step ahead in a thread.
+
+    Reading and scanning chunk i+1 (numpy and C, mostly free of the GIL) overlaps
+    DuckDB's work on chunk i, so both cores stay busy; at most one scanned chunk
+    waits, which bounds the memory this costs.
+    """
+    ready: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for chunk, consumed in read_chunks(path, chunk_lines, chunk_bytes):
+                if not _offer(ready, stop, (scan_lines(chunk, rules), consumed)):
+                    return
+            _offer(ready, stop, _DONE)
+        except BaseException as error:  # re-raised in the consumer, where the batch fails
+            _offer(ready, stop, error)
+
+    producer = threading.Thread(target=produce, name="ingest-read-ahead", daemon=True)
+    producer.start()
+    try:
+        while (item := ready.get()) is not _DONE:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        producer.join()
+
+
+_DONE = object()
+
+
+def _offer(ready: queue.Queue, stop: threading.Event, item) -> bool:
+    """Put `item` unless the consumer has stopped; False when it has."""
+    while not stop.is_set():
+        try:
+            ready.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
@@ -92,7 +144,7 @@ SELECT line_no, utf8_ok, true AS is_json, 'OBJECT' AS top_type,
     WHEN 'math' THEN answer_ok WHEN 'exact' THEN answer_ok WHEN 'code' THEN code_ok
     WHEN 'json_schema' THEN schema_ok END AS reference_ok,
   ts IS NOT NULL AS ts_ok,
-  lower(hex(log_id_bytes)) AS log_id, request_id, ts, model,
+  lower(hex(log_id_bytes)) AS log_id, log_id_bytes AS log_key, request_id, ts, model,
   messages, response, failure_kind, failure_detail, reference, meta
 FROM (SELECT * EXCLUDE (raw), TRY_CAST(ts_text AS TIMESTAMPTZ) AS ts FROM {source} WHERE clean)
 """
@@ -100,4 +152,4 @@ FROM (SELECT * EXCLUDE (raw), TRY_CAST(ts_text AS TIMESTAMPTZ) AS ts FROM {sourc
 
 def slow_lines(scanned: pa.Table) -> pa.Table:
     """The lines of a `scan_lines` table the scanner did not call clean, as feature_sql reads them."""
-    return scanned.filter(pc.invert(scanned["clean"])).select(["line_no", "raw", "nbytes", "utf8_ok"])
+    return scanned.filter(pc.invert(scanned["clean"])).select(LINE_COLUMNS)

@@ -246,7 +246,7 @@ def test_an_s3_uri_naming_one_object_is_that_object_alone(s3_lake_settings, tmp_
 
 def test_lines_of_new_shapes_in_later_chunks_wait_for_one_gx_call(lake_settings, tmp_path, monkeypatch):
     """Deferring the odd broken line changes no verdict, only how often GX is called."""
-    import tasks.ingest as ingest
+    import tasks.ingest_batch as ingest
 
     calls = []
     judge = ingest.first_failures
@@ -280,7 +280,7 @@ def test_lines_of_new_shapes_in_later_chunks_wait_for_one_gx_call(lake_settings,
 def test_a_later_batch_of_known_shapes_asks_gx_nothing_and_gets_the_same_verdicts(lake_settings, tmp_path,
                                                                                     monkeypatch):
     """Verdicts outlive their batch within a process; the outcome is what a fresh process gets."""
-    import tasks.ingest as ingest
+    import tasks.ingest_batch as ingest
 
     calls = []
     judge = ingest.first_failures

@@ -1,0 +1,218 @@
+"""One batch's chunks become staged rows: judge each line's feature row, stage the rest.
+
+Per chunk (tasks/ingest_scan.py has already scanned it), the lines the native scanner
+called clean are derived straight from the scan; GX judges their distinct feature
+rows (`judge_lines`); valid non-repeats are written as Parquet by DuckDB and bad lines
+and repeats become quarantine rows. Lines that need more care wait in a `SetAside`
+for the batch's end, where DuckDB's full feature query derives them all at once and
+GX judges their new shapes in one call: the lines the scanner did not call clean (rare
+and small: a float, a repeated key, a broken line) and clean lines of a shape this
+process has not judged yet. Up to `defer_lines` of them wait; past that a chunk
+handles its own (its slow lines through the full query, its new shapes through GX).
+
+Memory per chunk stays in DuckDB or Arrow; only distinct feature rows and the odd bad
+line reach Python.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.lake import StagedRows
+from storage.schemas import SCHEMAS
+from tasks.ingest_features import LOG_ONLY, feature_sql
+from tasks.ingest_scan import LINE_COLUMNS, clean_features_sql, slow_lines
+from tasks.log_checks import LogRules, explain, first_failures
+
+# Scratch tables of one batch, beside the lake: the rows being judged (a view), the
+# lines left out of the Parquet, the logs staged so far (repeats across chunks are
+# found by a hash join on these instead of re-reading the staged Parquet), and the
+# full query's rows for lines it derives.
+_ROWS, _DROP, _SEEN = "temp.main._ingest_rows", "temp.main._ingest_drop", "temp.main._ingest_seen"
+_SLOW = "temp.main._ingest_slow_rows"
+# Beside the log columns: log_id as its 32 raw bytes, for hash joins on half the bytes.
+_KEYED = "SELECT *, unhex(log_id) AS log_key FROM ({})"
+
+
+@dataclass
+class SetAside:
+    """Lines (LINE_COLUMNS) waiting for the batch's end, at most `limit` of them."""
+
+    limit: int
+    tables: list[pa.Table] = field(default_factory=list)
+
+    @property
+    def room(self) -> int:
+        return self.limit - sum(t.num_rows for t in self.tables)
+
+    def add(self, lines: pa.Table) -> None:
+        if lines.num_rows:
+            self.tables.append(lines.select(LINE_COLUMNS))
+
+
+@contextlib.contextmanager
+def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_seen (log_id BLOB, line_no BIGINT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_drop (line_no BIGINT)")
+    try:
+        yield
+    finally:
+        con.execute(f"DROP VIEW IF EXISTS {_ROWS}")
+        for name in (_DROP, _SEEN, _SLOW):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
+
+
+def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: StagedRows, batch_id: str,
+                 cycle_id: str, rules: LogRules, verdicts: dict[tuple, str | None],
+                 aside: SetAside) -> tuple[int, int]:
+    """Judge and stage one scanned chunk; (rows kept, rows quarantined). Lines that
+    fit in `aside` wait there; `verdicts` carries GX's verdicts between chunks and batches."""
+    slow = slow_lines(chunk)
+    waits = slow.num_rows <= aside.room
+    # Several record batches let DuckDB scan the chunk on all its threads.
+    con.register("_ingest_chunk", pa.Table.from_batches(chunk.to_batches(max_chunksize=8192)))
+    try:
+        rows = clean_features_sql(rules, "_ingest_chunk")
+        if waits:
+            aside.add(slow)
+        else:
+            con.register("_ingest_slow", slow)
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS "
+                        f"{_KEYED.format(feature_sql(rules, '_ingest_slow'))}")
+            con.unregister("_ingest_slow")
+            rows = f"{rows} UNION ALL BY NAME SELECT * FROM {_SLOW}"
+        con.execute(f"CREATE OR REPLACE TEMP VIEW _ingest_rows AS {rows}")
+        bad_lines, held = judge_lines(con, rules, verdicts, hold_at_most=aside.room)
+        aside.add(chunk.filter(pc.is_in(chunk["line_no"], value_set=pa.array(held, pa.int64()))))
+        n_rows = chunk.num_rows - (slow.num_rows if waits else 0) - len(held)
+        return _stage_judged(con, chunk, n_rows, bad_lines, held, staged, batch_id, cycle_id, rules)
+    finally:
+        con.unregister("_ingest_chunk")
+
+
+def ingest_set_aside(con: duckdb.DuckDBPyConnection, aside: SetAside, staged: StagedRows, batch_id: str,
+                     cycle_id: str, rules: LogRules, verdicts: dict[tuple, str | None]) -> tuple[int, int]:
+    """Derive the set-aside lines with the full feature query, judge them in one GX call, stage them."""
+    if not aside.tables:
+        return 0, 0
+    lines = pa.concat_tables(aside.tables)
+    con.register("_ingest_aside", lines)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS "
+                    f"{_KEYED.format(feature_sql(rules, '_ingest_aside'))}")
+    finally:
+        con.unregister("_ingest_aside")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _ingest_rows AS SELECT * FROM {_SLOW}")
+    bad_lines, _ = judge_lines(con, rules, verdicts)
+    return _stage_judged(con, lines, lines.num_rows, bad_lines, [], staged, batch_id, cycle_id, rules)
+
+
+def _stage_judged(con: duckdb.DuckDBPyConnection, lines: pa.Table, n_rows: int, bad_lines: dict[int, str],
+                  held: list[int], staged: StagedRows, batch_id: str, cycle_id: str,
+                  rules: LogRules) -> tuple[int, int]:
+    """Stage the `n_rows` judged rows of _ROWS (those not `held` for later): valid
+    non-repeats as logs, the rest (raw from `lines`) as quarantine."""
+    _set_lines(con, [*bad_lines, *held])
+    repeats = find_repeats(con)
+    _set_lines(con, repeats, keep=True)
+    kept = f"SELECT * FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP})"
+    staged.stage_query("failure_logs", f"""
+        SELECT log_id, {_literal(batch_id)} AS batch_id, line_no, request_id, ts, model, domain, verifier,
+               messages, response, failure_kind, failure_detail, reference, meta, {_literal(cycle_id)} AS cycle_id
+        FROM ({kept})""")
+    con.execute(f"INSERT INTO {_SEEN} SELECT log_key, line_no FROM ({kept})")
+    con.execute(f"DROP VIEW {_ROWS}")
+    quarantined = _quarantine_rows(lines, bad_lines, repeats, batch_id, cycle_id, rules)
+    staged.stage("quarantine", quarantined)
+    return n_rows - len(bad_lines) - len(repeats), quarantined.num_rows
+
+
+def judge_lines(con: duckdb.DuckDBPyConnection, rules: LogRules, verdicts: dict[tuple, str | None], *,
+                hold_at_most: int = 0) -> tuple[dict[int, str], list[int]]:
+    """({line_no: kind} for the lines of _ROWS the GX suite rejects, lines held unjudged).
+
+    Every expectation of the suite is row-wise over the features, so lines with equal
+    feature rows share one verdict: GX validates each distinct feature row (tens per
+    batch, not tens of thousands of lines) and its verdict applies to all its lines.
+    A feature row already judged (`verdicts`) is not validated again. A GX call costs
+    ~0.25 s however few its rows, so when new feature rows cover at most
+    `hold_at_most` lines (the odd line of a new shape), those lines are held instead.
+    """
+    groups = con.sql(f"""SELECT * EXCLUDE (line_no), count(*) AS n_lines, list(line_no) AS line_nos
+        FROM (SELECT * EXCLUDE ({', '.join(LOG_ONLY)}, log_key) FROM {_ROWS}) GROUP BY ALL""").to_arrow_table()
+    features = groups.drop_columns(["n_lines", "line_nos"])
+    keys = list(zip(*(column.to_pylist() for column in features.columns)))
+    unseen = [i for i, key in enumerate(keys) if key not in verdicts]
+    line_nos = groups.column("line_nos")
+    if unseen and sum(groups.column("n_lines")[i].as_py() for i in unseen) <= hold_at_most:
+        return _lines_of(keys, line_nos, verdicts), [n for i in unseen for n in line_nos[i].as_py()]
+    if unseen:
+        failures = first_failures(features.take(unseen).to_pandas(), rules)
+        verdicts.update((keys[i], failures.get(position)) for position, i in enumerate(unseen))
+    return _lines_of(keys, line_nos, verdicts), []
+
+
+def _lines_of(keys: list[tuple], line_nos: pa.ChunkedArray, verdicts: dict[tuple, str | None]) -> dict[int, str]:
+    """{line_no: kind} of the groups judged invalid."""
+    return {line_no: kind for i, key in enumerate(keys) if (kind := verdicts.get(key))
+            for line_no in line_nos[i].as_py()}
+
+
+def _set_lines(con: duckdb.DuckDBPyConnection, line_nos, *, keep: bool = False) -> None:
+    """Make _DROP hold `line_nos` (added to what it holds when `keep`)."""
+    if not keep:
+        con.execute(f"DELETE FROM {_DROP}")
+    if line_nos:  # one list parameter: registering an Arrow table costs ~6 ms a call
+        con.execute(f"INSERT INTO {_DROP} SELECT unnest(?::BIGINT[])", [list(line_nos)])
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# Valid lines identical to an earlier valid line of these rows, to one staged from an
+# earlier chunk of this batch, or to a log already in the lake.
+_REPEATS_SQL = f"""
+WITH ids AS MATERIALIZED (SELECT log_id, log_key, line_no FROM {_ROWS}
+                          WHERE line_no NOT IN (SELECT line_no FROM {_DROP}))
+SELECT c.log_id, c.line_no, c.first_line, s.line_no AS seen_line, f.batch_id AS seen_batch, f.line_no AS lake_line
+FROM (SELECT log_id, log_key, line_no, min(line_no) OVER (PARTITION BY log_key) AS first_line FROM ids) c
+LEFT JOIN {_SEEN} s ON s.log_id = c.log_key
+LEFT JOIN (
+  SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
+  WHERE log_id IN (SELECT log_id FROM ids) GROUP BY log_id) f ON f.log_id = c.log_id
+WHERE f.batch_id IS NOT NULL OR s.line_no IS NOT NULL OR c.first_line <> c.line_no
+"""
+
+
+def find_repeats(con: duckdb.DuckDBPyConnection) -> dict[int, str]:
+    """{line_no: reason} for valid lines repeating a log already ingested or staged."""
+    repeats: dict[int, str] = {}
+    for log_id, line_no, first_line, seen_line, seen_batch, lake_line in con.sql(_REPEATS_SQL).fetchall():
+        if seen_batch is not None:
+            repeats[line_no] = (f"identical to log {log_id[:16]} already ingested "
+                                f"(batch {seen_batch[:16]}, line {lake_line})")
+        else:
+            repeats[line_no] = f"identical to line {seen_line or first_line} of this file"
+    return repeats
+
+
+def _quarantine_rows(lines: pa.Table, bad_lines: dict[int, str], repeats: dict[int, str],
+                     batch_id: str, cycle_id: str, rules: LogRules) -> pa.Table:
+    if not bad_lines and not repeats:
+        return SCHEMAS["quarantine"].empty_table()
+    wanted = pa.array(sorted(set(bad_lines) | set(repeats)), pa.int64())
+    lines = lines.filter(pc.is_in(lines["line_no"], value_set=wanted))
+    rows = []
+    for line_no, raw in zip(lines["line_no"].to_pylist(), lines["raw"].to_pylist(), strict=True):
+        raw = raw.rstrip("\r\n")  # the chunk keeps each line's ending; the verbatim line has none
+        kind = bad_lines.get(line_no, "repeated_log")
+        reason = repeats[line_no] if kind == "repeated_log" else explain(kind, raw, rules)
+        rows.append({"batch_id": batch_id, "line_no": line_no, "raw": raw, "kind": kind,
+                     "reason": reason, "cycle_id": cycle_id})
+    return pa.Table.from_pylist(rows, schema=SCHEMAS["quarantine"])
