@@ -1,7 +1,8 @@
 """Ingest throughput: flywheel vs DuckDB's raw JSON-to-Parquet copy, same file, same run.
 
-flywheel validates every line (DuckDB features + the Great Expectations suite),
-checks repeats against the lake, stages Parquet and commits the batch atomically;
+flywheel validates every line (features from the native scan, or DuckDB's query for
+the lines it leaves, judged by the Great Expectations suite), checks repeats against
+the lake, stages Parquet and commits the batch atomically;
 the baseline only parses the top level and writes Parquet. Both read the same plain
 .jsonl file. --chunk-mb trades memory for fewer, larger steps.
 
@@ -67,8 +68,9 @@ def run_duckdb(path: Path, out: Path) -> float:
 
 
 def run_features(path: Path, cfg: IngestConfig) -> float:
-    """The per-line feature query alone (validation's DuckDB part, no GX, no staging) over
-    the file's lines already in memory: the floor under any ingest that validates this way."""
+    """DuckDB's full feature query alone over the file's lines already in memory: what
+    every line cost before the native scan (now it derives only the lines the scan
+    leaves), and alone already under half the baseline's rate."""
     con = duckdb.connect(config={"threads": 2})
     lines = [chunk for chunk, _ in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes)]
     started = time.perf_counter()
@@ -101,8 +103,8 @@ def main() -> None:
         print(f"duckdb raw COPY read_json -> parquet: {lines / raw_s:>10,.0f} lines/s ({raw_s:.2f} s)")
         print(f"flywheel ingest (validate+stage+commit, {args.chunk_mb} MiB chunks): "
               f"{lines / ours_s:>10,.0f} lines/s ({ours_s:.2f} s)")
-        print(f"  of which the DuckDB feature query alone:      {lines / features_s:>10,.0f} lines/s "
-              f"({features_s:.2f} s, {raw_s / features_s:.2f}x raw)")
+        print(f"  for scale, DuckDB's full feature query alone: {lines / features_s:>10,.0f} lines/s "
+              f"({features_s:.2f} s, {raw_s / features_s:.2f}x raw; flywheel runs it on unclean lines only)")
         print(f"ratio flywheel / duckdb raw: {raw_s / ours_s:.2f}x (goal >= 0.5x)")
 
 

@@ -33,7 +33,7 @@ from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest_batch import SetAside, batch_tables, ingest_chunk, ingest_set_aside
 from tasks.ingest_progress import ingest_progress
-from tasks.ingest_scan import scanned_chunks
+from tasks.ingest_scan import ScannedChunks
 from tasks.ingest_sources import local_version, object_version
 from tasks.log_checks import LogRules, known_verdicts
 
@@ -103,30 +103,32 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
     before it is read) is recorded so an unchanged file is not read again."""
     started = time.perf_counter()
     source_version = source_version or local_version(path)
-    batch_id = file_sha256(path)
     # Several writers on a PostgreSQL catalog can conflict at commit; the rolled-back
     # batch is simply redone (after re-checking that nobody else committed it).
     for attempt in range(cfg.commit_attempts):
-        if con.execute("SELECT count(*) FROM lake.ingest_batches WHERE batch_id = ?", [batch_id]).fetchone()[0]:
-            return BatchResult(batch_id, source_uri, 0, 0, True, time.perf_counter() - started)
-        try:
-            ok, bad = _write_batch(con, path, (source_uri, source_version), batch_id, cfg, cycle_id)
-            return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started)
-        except duckdb.TransactionException:
-            if attempt + 1 == cfg.commit_attempts:
-                raise
-            time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))
+        # The first chunk is read and scanned while the file is hashed; a batch found
+        # already ingested costs that chunk's work and nothing more.
+        with ScannedChunks(path, cfg.rules, cfg.chunk_lines, cfg.chunk_bytes) as chunks:
+            batch_id = file_sha256(path)
+            if con.execute("SELECT count(*) FROM lake.ingest_batches WHERE batch_id = ?", [batch_id]).fetchone()[0]:
+                return BatchResult(batch_id, source_uri, 0, 0, True, time.perf_counter() - started)
+            try:
+                ok, bad = _write_batch(con, chunks, (path, source_uri, source_version), batch_id, cfg, cycle_id)
+                return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started)
+            except duckdb.TransactionException:
+                if attempt + 1 == cfg.commit_attempts:
+                    raise
+        time.sleep(random.uniform(0.05, 0.5) * (attempt + 1))
     raise AssertionError("unreachable")
 
 
-def _write_batch(con: duckdb.DuckDBPyConnection, path: Path, source: tuple[str, str],
+def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: tuple[Path, str, str],
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
-    (source_uri, source_version), ok, bad = source, 0, 0
+    (path, source_uri, source_version), ok, bad = source, 0, 0
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
     verdicts = known_verdicts(cfg.rules)
     aside = SetAside(limit=0)
     with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
-        chunks = scanned_chunks(path, cfg.rules, cfg.chunk_lines, cfg.chunk_bytes)
         for step, (chunk, consumed) in enumerate(chunks):
             # With nothing judged yet (a fresh process's first chunk) the chunk is judged
             # whole; after that the odd line of a new shape waits for the batch's end.

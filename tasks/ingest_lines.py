@@ -1,6 +1,6 @@
 """Split a landed file into numbered lines as Arrow tables, without a Python loop per line.
 
-A block of the file is read at once; numpy finds the newlines and the Arrow array
+A block of the file is read at once; memchr finds the newlines and the Arrow array
 of lines is a zero-copy view of the block (each value keeps its line ending, which
 JSON parsing skips as whitespace; `nbytes` is the length without it). Blank lines
 are dropped but still counted, so `line_no` is the line's number in the file.
@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from tasks import _logscan
 
 # bytes.isspace(): a line of only these is blank, and blank lines separate records
 _SPACE = np.array([0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D], dtype=np.uint8)
@@ -52,11 +54,9 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tupl
             yield from _steps(lines, chunk_lines, consumed)
 
 
-def newlines(block: bytes, step: int = 4 << 20) -> np.ndarray:
-    """Positions of b"\\n" in block, searched a slice at a time so the scratch stays small."""
-    buf = np.frombuffer(block, dtype=np.uint8)
-    return np.concatenate([np.flatnonzero(buf[i:i + step] == 0x0A) + i for i in range(0, len(buf), step)]
-                          or [np.empty(0, dtype=np.int64)])
+def newlines(block: bytes) -> np.ndarray:
+    """Positions of b"\\n" in block (memchr, in tasks/logscan.c)."""
+    return np.frombuffer(_logscan.newlines(block), dtype=np.int64)
 
 
 def _steps(lines: pa.Table, chunk_lines: int, consumed: int) -> Iterator[tuple[pa.Table, int]]:

@@ -40,35 +40,47 @@ _THREADS = 2
 _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="logscan")
 
 
-def scanned_chunks(path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
-    """read_chunks' steps, each through `scan_lines`, one step ahead in a thread.
+class ScannedChunks:
+    """read_chunks' steps, each through `scan_lines`, read one step ahead in a thread.
 
     Reading and scanning chunk i+1 (numpy and C, mostly free of the GIL) overlaps
     DuckDB's work on chunk i, so both cores stay busy; at most one scanned chunk
-    waits, which bounds the memory this costs.
+    waits, which bounds the memory this costs. The thread starts at once, so the
+    first chunk is read while the caller does something else (hashes the file);
+    `close` (or leaving the `with`) stops it.
     """
-    ready: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
 
-    def produce() -> None:
+    def __init__(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> None:
+        self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, args=(path, rules, chunk_lines, chunk_bytes),
+                                        name="ingest-read-ahead", daemon=True)
+        self._thread.start()
+
+    def _produce(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> None:
         try:
             for chunk, consumed in read_chunks(path, chunk_lines, chunk_bytes):
-                if not _offer(ready, stop, (scan_lines(chunk, rules), consumed)):
+                if not _offer(self._ready, self._stop, (scan_lines(chunk, rules), consumed)):
                     return
-            _offer(ready, stop, _DONE)
+            _offer(self._ready, self._stop, _DONE)
         except BaseException as error:  # re-raised in the consumer, where the batch fails
-            _offer(ready, stop, error)
+            _offer(self._ready, self._stop, error)
 
-    producer = threading.Thread(target=produce, name="ingest-read-ahead", daemon=True)
-    producer.start()
-    try:
-        while (item := ready.get()) is not _DONE:
+    def __iter__(self) -> Iterator[tuple[pa.Table, int]]:
+        while (item := self._ready.get()) is not _DONE:
             if isinstance(item, BaseException):
                 raise item
             yield item
-    finally:
-        stop.set()
-        producer.join()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> ScannedChunks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 _DONE = object()

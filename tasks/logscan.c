@@ -336,10 +336,31 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* Offsets of every '\n' in a block, as int64: memchr runs at memory speed, where a
+ * numpy comparison pass plus nonzero took ~0.6 ms per MB. */
+static PyObject *newlines(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    Buf out = {0};
+    Py_BEGIN_ALLOW_THREADS
+    const char *start = data.buf, *p = start, *end = start + data.len;
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p)))) {
+        int64_t at = p - start;
+        put(&out, &at, sizeof at);
+        p++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (out.oom) { free(out.p); return PyErr_NoMemory(); }
+    return as_bytes(&out);
+}
+
 static PyMethodDef METHODS[] = {
     {"scan", scan, METH_VARARGS,
      "scan(data, starts, lengths, max_messages, max_content_chars, max_response_chars) -> "
      "(byte columns, 32-byte log ids, string columns as (valid, int64 offsets, data))"},
+    {"newlines", newlines, METH_VARARGS, "newlines(data) -> int64 offsets of every newline, as bytes"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_logscan", NULL, -1, METHODS, NULL, NULL, NULL, NULL};

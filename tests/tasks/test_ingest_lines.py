@@ -54,7 +54,9 @@ def test_an_empty_file_has_no_lines(tmp_path):
     assert list(read_chunks(path, 10, 1 << 20)) == []
 
 
-def test_newlines_are_found_across_search_slices():
-    block = b"ab\n\ncd\n" * 1000
-    assert newlines(block, step=5).tolist() == [i for i, byte in enumerate(block) if byte == 0x0A]
+def test_newlines_are_found_at_every_position():
+    block = b"ab\n\ncd\n" * 1000 + b"\n"
+    assert newlines(block).tolist() == [i for i, byte in enumerate(block) if byte == 0x0A]
+    assert newlines(memoryview(block)[1:]).tolist() == [i - 1 for i, byte in enumerate(block) if byte == 0x0A]
     assert newlines(b"no newline").tolist() == []
+    assert newlines(b"").tolist() == []

@@ -19,7 +19,7 @@ import pytest
 from tasks.demo_data import DemoDataConfig, generate_demo_data
 from tasks.ingest_features import feature_sql
 from tasks.ingest_lines import read_chunks
-from tasks.ingest_scan import clean_features_sql, scan_lines, slow_lines
+from tasks.ingest_scan import ScannedChunks, clean_features_sql, scan_lines, slow_lines
 from tasks.log_checks import LogRules
 from tests.tasks.logs import MALFORMED, valid_log
 
@@ -210,3 +210,24 @@ def test_scan_rejects_spans_outside_its_data():
 def _read(part: Path) -> bytes:
     import gzip
     return gzip.decompress(part.read_bytes()) if part.name.endswith(".gz") else part.read_bytes()
+
+
+def test_read_ahead_yields_every_chunk_and_stops_when_closed(tmp_path):
+    path = tmp_path / "many.jsonl"
+    path.write_text("".join(json.dumps(valid_log(i)) + "\n" for i in range(3000)))
+    with ScannedChunks(path, RULES, 100, 1 << 20) as chunks:
+        assert sum(chunk.num_rows for chunk, _ in chunks) == 3000
+    early = ScannedChunks(path, RULES, 100, 1 << 20)
+    first, _ = next(iter(early))
+    assert first.column("clean").to_pylist() == [True] * 100
+    early.close()  # the reader is blocked on a full queue: closing must still end it
+    assert not early._thread.is_alive()
+    unread = ScannedChunks(path, RULES, 100, 1 << 20)
+    unread.close()  # never iterated (a batch found already ingested)
+    assert not unread._thread.is_alive()
+
+
+def test_read_ahead_raises_the_readers_error_in_the_consumer(tmp_path):
+    with ScannedChunks(tmp_path / "missing.jsonl", RULES, 100, 1 << 20) as chunks:
+        with pytest.raises(FileNotFoundError):
+            list(chunks)
