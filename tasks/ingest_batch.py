@@ -179,14 +179,17 @@ def _literal(text: str) -> str:
 # earlier chunk of this batch, or to a log already in the lake.
 _REPEATS_SQL = f"""
 WITH ids AS MATERIALIZED (SELECT log_id, log_key, line_no FROM {_ROWS}
-                          WHERE line_no NOT IN (SELECT line_no FROM {_DROP}))
-SELECT c.log_id, c.line_no, c.first_line, s.line_no AS seen_line, f.batch_id AS seen_batch, f.line_no AS lake_line
-FROM (SELECT log_id, log_key, line_no, min(line_no) OVER (PARTITION BY log_key) AS first_line FROM ids) c
+                          WHERE line_no NOT IN (SELECT line_no FROM {_DROP})),
+-- a hash aggregate, not a window: only ids seen twice need their first line
+twice AS (SELECT log_key, min(line_no) AS first_line FROM ids GROUP BY log_key HAVING count(*) > 1)
+SELECT c.log_id, c.line_no, t.first_line, s.line_no AS seen_line, f.batch_id AS seen_batch, f.line_no AS lake_line
+FROM ids c
+LEFT JOIN twice t ON t.log_key = c.log_key
 LEFT JOIN {_SEEN} s ON s.log_id = c.log_key
 LEFT JOIN (
   SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
   WHERE log_id IN (SELECT log_id FROM ids) GROUP BY log_id) f ON f.log_id = c.log_id
-WHERE f.batch_id IS NOT NULL OR s.line_no IS NOT NULL OR c.first_line <> c.line_no
+WHERE f.batch_id IS NOT NULL OR s.line_no IS NOT NULL OR t.first_line <> c.line_no
 """
 
 
