@@ -71,12 +71,12 @@ static int messages(In *in, Line *l) {
     putc1(out, '[');
     if (!eat(in, ']')) {
         do {
-            int role = 0, content = 0;
+            int role = 0, content = 0, keys = 0;
             if (n) putc1(out, ',');
             if (!eat(in, '{')) return 0;
             putc1(out, '{');
             do {
-                if (role + content) putc1(out, ',');
+                if (keys++) putc1(out, ',');
                 if (!key(in, &l->key, out)) return 0;
                 l->scratch.len = 0;
                 if (is(&l->key, "role")) {

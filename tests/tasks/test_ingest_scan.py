@@ -71,6 +71,8 @@ CLEAN = {
     "detail_null": _variant(failure={"kind": "wrong_answer", "detail": None}),
     "no_detail": _variant(failure={"kind": "wrong_answer", "extra": [1, {"a": True}]}),
     "message_name": _variant(messages=[{"role": "user", "name": "ann", "content": "hi", "n": [1, -2]}]),
+    "message_name_first": _variant(messages=[{"name": "ann", "tool_calls": [], "role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "?", "name": "bot"}]),
     "unknown_top_key": _variant(trace={"spans": [1, 2, {"x": None}]}),
     "big_int": _variant(meta={"n": 1234567890123456789, "m": -9223372036854775808}),
     "code": json.dumps(_code_log()),
@@ -190,6 +192,53 @@ def test_mutated_lines_give_the_full_querys_rows(tmp_path):
     fast, slow, clean = _rows_both_ways(tmp_path, lines)
     _assert_same(fast, slow, [line.decode(errors="replace") for line in lines])
     assert 0.2 * len(lines) < sum(clean) < 0.95 * len(lines)  # both paths really exercised
+
+
+_TEXTS = ["", " ", "x", "What is 2+2?", "caf\u00e9 \U0001f600", "q\"uote\\back/slash", "tab\tnew\nline\x01",
+          "\u2028", "def check(candidate):\n    pass", "add", "1bad"]
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.choice(["str", "int", "obj", "list", "bool", "null"] + (["float"] if rng.random() < 0.1 else []))
+    if depth > 2 or kind == "str":
+        return rng.choice(_TEXTS)
+    return {"int": lambda: rng.choice([0, 7, -3, 2 ** 40, 2 ** 63 - 1]), "float": lambda: rng.choice([0.5, 1e20]),
+            "bool": lambda: rng.random() < 0.5, "null": lambda: None,
+            "obj": lambda: {rng.choice(_TEXTS): _random_value(rng, depth + 1) for _ in range(rng.randrange(3))},
+            "list": lambda: [_random_value(rng, depth + 1) for _ in range(rng.randrange(3))]}[kind]()
+
+
+def _shuffled(rng: random.Random, record: dict) -> dict:
+    items = list(record.items())
+    rng.shuffle(items)
+    return dict(items)
+
+
+def _random_log(rng: random.Random) -> dict:
+    """A log that is mostly well-formed, with random key orders, extra keys, spellings and types."""
+    log = rng.choice([valid_log(rng.randrange(100)), _code_log(), _json_log()])
+    log["messages"] = [_shuffled(rng, {**({"name": rng.choice(_TEXTS)} if rng.random() < 0.3 else {}),
+                                       "role": rng.choice(["user", "user", "assistant", "system", "tool", "bot"]),
+                                       "content": rng.choice(_TEXTS[1:] + ["hello"] * 4)})
+                       for _ in range(rng.randrange(1, 4))]
+    for name in rng.sample(["id", "meta", "verifier", "reference", "failure", "response", "extra"], 2):
+        log[name] = _random_value(rng) if rng.random() < 0.5 else log.get(name)
+    for name in ("reference", "failure", "meta"):
+        if isinstance(log.get(name), dict):
+            log[name] = _shuffled(rng, log[name])
+    return _shuffled(rng, {k: v for k, v in log.items() if v is not None or rng.random() < 0.5})
+
+
+def test_random_logs_give_the_full_querys_rows(tmp_path):
+    """Random key orders, extra keys, escapes (ensure_ascii spells every non-ASCII
+    character as \\u escapes, astral ones as surrogate pairs), separators and types."""
+    rng = random.Random(5)
+    lines = [json.dumps(_random_log(rng), ensure_ascii=rng.random() < 0.5,
+                        separators=rng.choice([(",", ":"), (", ", ": "), (" , ", " : ")])).encode()
+             for _ in range(2000)]
+    fast, slow, clean = _rows_both_ways(tmp_path, lines)
+    _assert_same(fast, slow, [line.decode() for line in lines])
+    assert 0.1 * len(lines) < sum(clean) < 0.9 * len(lines)  # both paths really exercised
 
 
 @pytest.mark.parametrize("threads_split", [1, 2, 3, 10_001])
