@@ -44,9 +44,10 @@ class IngestConfig:
     chunk_lines: int = 100_000
     """Lines validated and written per step at most; `chunk_bytes` bounds memory. Each
     step writes one Parquet file per table, so fewer, larger steps make fewer files."""
-    chunk_bytes: int = 64 << 20
-    """Bytes of the file read per step (more only for a single longer line). A step
-    holds ~4x this (lines, derived rows, Parquet writer); 1M lines peak ~0.75-0.8 GB."""
+    chunk_bytes: int = 32 << 20
+    """Bytes of the file read per step (more only for a single longer line). Two steps
+    are in flight (one read ahead), each holding ~3x this (lines, scanned values,
+    Parquet writer); 1M lines of ~850 bytes peak at ~0.8 GB, with 64 MiB steps ~1.0 GB."""
     progress_min_bytes: int = 2_000_000
     """Show a progress bar for files larger than this (a few thousand lines)."""
     defer_lines: int = 1_000

@@ -43,15 +43,16 @@ _POOL = ThreadPoolExecutor(_THREADS, thread_name_prefix="logscan")
 class ScannedChunks:
     """read_chunks' steps, each through `scan_lines`, read one step ahead in a thread.
 
-    Reading and scanning chunk i+1 (numpy and C, mostly free of the GIL) overlaps
-    DuckDB's work on chunk i, so both cores stay busy; at most one scanned chunk
-    waits, which bounds the memory this costs. The thread starts at once, so the
-    first chunk is read while the caller does something else (hashes the file);
-    `close` (or leaving the `with`) stops it.
+    Reading and scanning chunk i+1 (C and numpy, mostly free of the GIL) overlaps
+    DuckDB's work on chunk i, so both cores stay busy. The reader starts chunk i+1
+    only once chunk i is taken, so two chunks at most are held at once. The thread
+    starts at once, so the first chunk is read while the caller does something else
+    (hashes the file); `close` (or leaving the `with`) stops it.
     """
 
     def __init__(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> None:
         self._ready: queue.Queue = queue.Queue(maxsize=1)
+        self._taken = threading.Semaphore(0)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, args=(path, rules, chunk_lines, chunk_bytes),
                                         name="ingest-read-ahead", daemon=True)
@@ -62,15 +63,21 @@ class ScannedChunks:
             for chunk, consumed in read_chunks(path, chunk_lines, chunk_bytes):
                 if not _offer(self._ready, self._stop, (scan_lines(chunk, rules), consumed)):
                     return
+                del chunk  # not held here while the consumer works on it
+                while not self._taken.acquire(timeout=0.1):
+                    if self._stop.is_set():
+                        return
             _offer(self._ready, self._stop, _DONE)
         except BaseException as error:  # re-raised in the consumer, where the batch fails
             _offer(self._ready, self._stop, error)
 
     def __iter__(self) -> Iterator[tuple[pa.Table, int]]:
         while (item := self._ready.get()) is not _DONE:
+            self._taken.release()
             if isinstance(item, BaseException):
                 raise item
             yield item
+            del item  # the caller is done with this chunk once it asks for the next
 
     def close(self) -> None:
         self._stop.set()
