@@ -18,6 +18,7 @@ import hashlib
 import random
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,11 +32,15 @@ from storage.lake import StagedRows, append_rows, open_lake, transaction
 from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
-from tasks.ingest_batch import SetAside, batch_tables, ingest_chunk, ingest_set_aside
+from tasks.ingest_batch import (SetAside, batch_tables, judge_chunk, judge_set_aside, stage_chunk,
+                                stage_set_aside)
 from tasks.ingest_progress import ingest_progress
 from tasks.ingest_scan import ScannedChunks
 from tasks.ingest_sources import local_version, object_version
 from tasks.log_checks import LogRules, known_verdicts
+
+
+_BESIDE = ThreadPoolExecutor(1, thread_name_prefix="ingest-set-aside")
 
 
 @dataclass(frozen=True)
@@ -128,17 +133,23 @@ def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: 
     (path, source_uri, source_version), ok, bad = source, 0, 0
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
     verdicts = known_verdicts(cfg.rules)
-    aside = SetAside(limit=0)
-    with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con):
-        for step, (chunk, consumed) in enumerate(chunks):
+    aside, judging_aside = SetAside(limit=0), None
+    with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con), \
+            con.cursor() as cursor:
+        for step, (chunk, consumed, last) in enumerate(chunks):
             # With nothing judged yet (a fresh process's first chunk) the chunk is judged
             # whole; after that the odd line of a new shape waits for the batch's end.
             aside.limit = cfg.defer_lines if step or verdicts else 0
-            kept, quarantined = ingest_chunk(con, chunk, staged, batch_id, cycle_id, cfg.rules, verdicts, aside)
+            judged = judge_chunk(con, chunk, cfg.rules, verdicts, aside)
+            if last:  # the set-aside lines' GX call runs while DuckDB stages the last chunk
+                judging_aside = _BESIDE.submit(judge_set_aside, cursor, aside, cfg.rules, verdicts)
+            kept, quarantined = stage_chunk(con, judged, staged, batch_id, cycle_id, cfg.rules)
             ok, bad = ok + kept, bad + quarantined
             advance(chunk.num_rows, consumed)
-            del chunk  # let the next chunk's lines replace this one's in memory, not join them
-        kept, quarantined = ingest_set_aside(con, aside, staged, batch_id, cycle_id, cfg.rules, verdicts)
+            del chunk, judged  # let the next chunk's lines replace this one's in memory, not join them
+        judged_aside = judging_aside.result() if judging_aside else judge_set_aside(cursor, aside, cfg.rules,
+                                                                                      verdicts)
+        kept, quarantined = stage_set_aside(con, judged_aside, staged, batch_id, cycle_id, cfg.rules, verdicts)
         ok, bad = ok + kept, bad + quarantined
     with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
         staged.register()

@@ -67,48 +67,84 @@ def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
             con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def ingest_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, staged: StagedRows, batch_id: str,
-                 cycle_id: str, rules: LogRules, verdicts: dict[tuple, str | None],
-                 aside: SetAside) -> tuple[int, int]:
-    """Judge and stage one scanned chunk; (rows kept, rows quarantined). Lines that
-    fit in `aside` wait there; `verdicts` carries GX's verdicts between chunks and batches."""
+@dataclass(frozen=True)
+class JudgedChunk:
+    """A chunk whose lines are judged (its rows in the _ROWS view), not yet staged."""
+
+    lines: pa.Table
+    n_rows: int
+    """Rows of _ROWS that are this chunk's to stage (not held for the batch's end)."""
+    bad_lines: dict[int, str]
+    held: list[int]
+
+
+def judge_chunk(con: duckdb.DuckDBPyConnection, chunk: pa.Table, rules: LogRules,
+                verdicts: dict[tuple, str | None], aside: SetAside) -> JudgedChunk:
+    """Derive and judge one scanned chunk's rows. Lines that fit in `aside` wait there;
+    `verdicts` carries GX's verdicts between chunks and batches."""
     slow = slow_lines(chunk)
     waits = slow.num_rows <= aside.room
     # Several record batches let DuckDB scan the chunk on all its threads.
     con.register("_ingest_chunk", pa.Table.from_batches(chunk.to_batches(max_chunksize=8192)))
+    rows = clean_features_sql(rules, "_ingest_chunk")
+    if waits:
+        aside.add(slow)
+    else:
+        con.register("_ingest_slow", slow)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS "
+                    f"{_KEYED.format(feature_sql(rules, '_ingest_slow'))}")
+        con.unregister("_ingest_slow")
+        rows = f"{rows} UNION ALL BY NAME SELECT * FROM {_SLOW}"
+    con.execute(f"CREATE OR REPLACE TEMP VIEW _ingest_rows AS {rows}")
+    bad_lines, held = judge_lines(con, rules, verdicts, hold_at_most=aside.room)
+    aside.add(chunk.filter(pc.is_in(chunk["line_no"], value_set=pa.array(held, pa.int64()))))
+    n_rows = chunk.num_rows - (slow.num_rows if waits else 0) - len(held)
+    return JudgedChunk(chunk, n_rows, bad_lines, held)
+
+
+def stage_chunk(con: duckdb.DuckDBPyConnection, judged: JudgedChunk, staged: StagedRows, batch_id: str,
+                cycle_id: str, rules: LogRules) -> tuple[int, int]:
+    """Stage a judged chunk; (rows kept, rows quarantined)."""
     try:
-        rows = clean_features_sql(rules, "_ingest_chunk")
-        if waits:
-            aside.add(slow)
-        else:
-            con.register("_ingest_slow", slow)
-            con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS "
-                        f"{_KEYED.format(feature_sql(rules, '_ingest_slow'))}")
-            con.unregister("_ingest_slow")
-            rows = f"{rows} UNION ALL BY NAME SELECT * FROM {_SLOW}"
-        con.execute(f"CREATE OR REPLACE TEMP VIEW _ingest_rows AS {rows}")
-        bad_lines, held = judge_lines(con, rules, verdicts, hold_at_most=aside.room)
-        aside.add(chunk.filter(pc.is_in(chunk["line_no"], value_set=pa.array(held, pa.int64()))))
-        n_rows = chunk.num_rows - (slow.num_rows if waits else 0) - len(held)
-        return _stage_judged(con, chunk, n_rows, bad_lines, held, staged, batch_id, cycle_id, rules)
+        return _stage_judged(con, judged.lines, judged.n_rows, judged.bad_lines, judged.held, staged,
+                             batch_id, cycle_id, rules)
     finally:
         con.unregister("_ingest_chunk")
 
 
-def ingest_set_aside(con: duckdb.DuckDBPyConnection, aside: SetAside, staged: StagedRows, batch_id: str,
-                     cycle_id: str, rules: LogRules, verdicts: dict[tuple, str | None]) -> tuple[int, int]:
-    """Derive the set-aside lines with the full feature query, judge them in one GX call, stage them."""
+def judge_set_aside(cursor: duckdb.DuckDBPyConnection, aside: SetAside, rules: LogRules,
+                    verdicts: dict[tuple, str | None]) -> tuple[pa.Table, pa.Table] | None:
+    """(lines, full rows) of the set-aside lines, derived by the full feature query, with
+    their new shapes judged into `verdicts` in one GX call. It needs only its own cursor,
+    so it runs in a thread while the connection stages the last chunk."""
     if not aside.tables:
-        return 0, 0
+        return None
     lines = pa.concat_tables(aside.tables)
-    con.register("_ingest_aside", lines)
+    cursor.register("_ingest_aside", lines)
+    rows = cursor.sql(_KEYED.format(feature_sql(rules, "_ingest_aside"))).to_arrow_table()
+    features = rows.drop_columns([*LOG_ONLY, "log_key", "line_no"])
+    keys = list(zip(*(column.to_pylist() for column in features.columns)))
+    unseen = list({key: i for i, key in enumerate(keys) if key not in verdicts}.values())
+    if unseen:
+        failures = first_failures(features.take(unseen).to_pandas(), rules)
+        verdicts.update((keys[i], failures.get(position)) for position, i in enumerate(unseen))
+    return lines, rows
+
+
+def stage_set_aside(con: duckdb.DuckDBPyConnection, judged: tuple[pa.Table, pa.Table] | None, staged: StagedRows,
+                    batch_id: str, cycle_id: str, rules: LogRules,
+                    verdicts: dict[tuple, str | None]) -> tuple[int, int]:
+    """Stage what `judge_set_aside` derived; (rows kept, rows quarantined)."""
+    if judged is None:
+        return 0, 0
+    lines, rows = judged
+    con.register("_ingest_aside_rows", rows)
     try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS "
-                    f"{_KEYED.format(feature_sql(rules, '_ingest_aside'))}")
+        con.execute("CREATE OR REPLACE TEMP TABLE _ingest_slow_rows AS SELECT * FROM _ingest_aside_rows")
     finally:
-        con.unregister("_ingest_aside")
+        con.unregister("_ingest_aside_rows")
     con.execute(f"CREATE OR REPLACE TEMP VIEW _ingest_rows AS SELECT * FROM {_SLOW}")
-    bad_lines, _ = judge_lines(con, rules, verdicts)
+    bad_lines, _ = judge_lines(con, rules, verdicts)  # every shape is known by now: no GX call
     return _stage_judged(con, lines, lines.num_rows, bad_lines, [], staged, batch_id, cycle_id, rules)
 
 

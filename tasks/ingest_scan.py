@@ -60,10 +60,16 @@ class ScannedChunks:
 
     def _produce(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> None:
         try:
-            for chunk, consumed in read_chunks(path, chunk_lines, chunk_bytes):
-                if not _offer(self._ready, self._stop, (scan_lines(chunk, rules), consumed)):
+            steps = read_chunks(path, chunk_lines, chunk_bytes)
+            following = next(steps, None)
+            while following is not None:
+                chunk, consumed = following
+                scanned = scan_lines(chunk, rules)
+                del chunk, following  # not held here while the consumer works on it
+                following = next(steps, None)  # read before handing over, to say which chunk is last
+                if not _offer(self._ready, self._stop, (scanned, consumed, following is None)):
                     return
-                del chunk  # not held here while the consumer works on it
+                del scanned
                 while not self._taken.acquire(timeout=0.1):
                     if self._stop.is_set():
                         return
@@ -71,7 +77,8 @@ class ScannedChunks:
         except BaseException as error:  # re-raised in the consumer, where the batch fails
             _offer(self._ready, self._stop, error)
 
-    def __iter__(self) -> Iterator[tuple[pa.Table, int]]:
+    def __iter__(self) -> Iterator[tuple[pa.Table, int, bool]]:
+        """(scanned chunk, bytes read so far, whether it is the file's last chunk)"""
         while (item := self._ready.get()) is not _DONE:
             self._taken.release()
             if isinstance(item, BaseException):

@@ -265,9 +265,11 @@ def test_read_ahead_yields_every_chunk_and_stops_when_closed(tmp_path):
     path = tmp_path / "many.jsonl"
     path.write_text("".join(json.dumps(valid_log(i)) + "\n" for i in range(3000)))
     with ScannedChunks(path, RULES, 100, 1 << 20) as chunks:
-        assert sum(chunk.num_rows for chunk, _ in chunks) == 3000
+        steps = list(chunks)
+    assert sum(chunk.num_rows for chunk, _, _ in steps) == 3000
+    assert [last for _, _, last in steps] == [False] * (len(steps) - 1) + [True]
     early = ScannedChunks(path, RULES, 100, 1 << 20)
-    first, _ = next(iter(early))
+    first, _, _ = next(iter(early))
     assert first.column("clean").to_pylist() == [True] * 100
     early.close()  # the reader is blocked on a full queue: closing must still end it
     assert not early._thread.is_alive()
