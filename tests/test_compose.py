@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -167,3 +168,11 @@ def test_images_build_what_the_services_need():
             assert (ROOT / svc["build"]["context"] / svc["build"]["dockerfile"]).exists()
     for copied in re.findall(r"^COPY (\S+)/ ", cpu, flags=re.M):
         assert (ROOT / copied / "__init__.py").exists(), f"Dockerfile copies {copied}, not a package"
+    # `pip install .` compiles the native extensions: a compiler and their libraries' headers
+    extensions = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"]
+    assert {lib for ext in extensions for lib in ext.get("libraries", [])} == {"crypto"}
+    for image in (cpu, gpu):
+        assert re.search(r"\b(gcc|build-essential)\b", image) and "libssl-dev" in image
+    for ext in extensions:
+        for source in ext["sources"] + ext.get("depends", []):
+            assert source.startswith(tuple(f"{copied}/" for copied in re.findall(r"^COPY (\S+)/ ", cpu, flags=re.M)))
