@@ -44,8 +44,9 @@ class ScannedChunks:
     """read_chunks' steps, each through `scan_lines`, read one step ahead in a thread.
 
     Reading and scanning chunk i+1 (C and numpy, mostly free of the GIL) overlaps
-    DuckDB's work on chunk i, so both cores stay busy. The reader starts chunk i+1
-    only once chunk i is taken, so two chunks at most are held at once. The thread
+    DuckDB's work on chunk i, so both cores stay busy. The reader scans chunk i+1
+    only once chunk i is taken, so at most two scanned chunks are held at once (and
+    the next block, read early to say which chunk is the file's last). The thread
     starts at once, so the first chunk is read while the caller does something else
     (hashes the file); `close` (or leaving the `with`) stops it.
     """

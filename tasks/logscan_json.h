@@ -83,7 +83,7 @@ static inline void count(Stats *s, const unsigned char *p, size_t n) {
 }
 
 /* A string at in->p: its decoded bytes go to `dec` and its canonical JSON (yyjson's
- * escaping: \\" \\\\ \\b \\f \\n \\r \\t, \\u00XX for other controls, the rest as UTF-8) to
+ * escaping: \" \\ \b \f \n \r \t, \u00XX for other controls, the rest as UTF-8) to
  * `canon`, each when given; `stats` counts characters and notes one that is not a
  * space. The line is already valid UTF-8 (Arrow checked it). */
 static int string(In *in, Buf *dec, Buf *canon, Stats *stats) {
