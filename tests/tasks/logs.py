@@ -27,30 +27,31 @@ def write_logs(path: Path, n: int, seed: int = 0, extra_lines: list[str] = ()) -
     return path
 
 
-def _with(**changes) -> str:
+def log_with(**changes) -> str:
+    """One valid log's line with fields changed (or dropped: ABSENT)."""
     record = valid_log(0, seed=99)
     for key, value in changes.items():
-        if value is _DROP:
+        if value is ABSENT:
             record.pop(key)
         else:
             record[key] = value
     return json.dumps(record)
 
 
-_DROP = object()
+ABSENT = object()
 
 # kind -> (line, a phrase the reason must contain)
 MALFORMED = {
     "bad_json": ('{"id": "x", "ts": "2026-11-30T12:00:00Z", "messages": [', "not valid JSON"),
     "not_object": ('[1, 2, 3]', "expected a JSON object"),
-    "missing_field": (_with(messages=_DROP), "missing required field `messages`"),
-    "wrong_type": (_with(messages="What is 2+2?"), "`messages` must be an array, got a string"),
-    "bad_role": (_with(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role 'robot'"),
-    "empty_content": (_with(messages=[{"role": "user", "content": "   "}]), "messages[0].content is empty"),
-    "too_large": (_with(messages=[{"role": "user", "content": "x" * 40_000}]), "over the limit"),
-    "line_too_large": (_with(response="y" * 70_000), "over the 65,536-byte limit"),
-    "unknown_domain": (_with(domain="chemistry"), "unknown domain 'chemistry'"),
-    "unknown_verifier": (_with(verifier="vibes"), "unknown verifier 'vibes'"),
-    "bad_reference": (_with(reference={"solution": "4"}), "needs `answer`"),
-    "bad_ts": (_with(ts="yesterday"), "not an ISO-8601 timestamp"),
+    "missing_field": (log_with(messages=ABSENT), "missing required field `messages`"),
+    "wrong_type": (log_with(messages="What is 2+2?"), "`messages` must be an array, got a string"),
+    "bad_role": (log_with(messages=[{"role": "robot", "content": "hi"}]), "messages[0].role 'robot'"),
+    "empty_content": (log_with(messages=[{"role": "user", "content": "   "}]), "messages[0].content is empty"),
+    "too_large": (log_with(messages=[{"role": "user", "content": "x" * 40_000}]), "over the limit"),
+    "line_too_large": (log_with(response="y" * 70_000), "over the 65,536-byte limit"),
+    "unknown_domain": (log_with(domain="chemistry"), "unknown domain 'chemistry'"),
+    "unknown_verifier": (log_with(verifier="vibes"), "unknown verifier 'vibes'"),
+    "bad_reference": (log_with(reference={"solution": "4"}), "needs `answer`"),
+    "bad_ts": (log_with(ts="yesterday"), "not an ISO-8601 timestamp"),
 }

@@ -21,7 +21,7 @@ from tasks.ingest_features import feature_sql
 from tasks.ingest_lines import read_chunks
 from tasks.ingest_scan import ScannedChunks, clean_features_sql, scan_lines, slow_lines
 from tasks.log_checks import LogRules
-from tests.tasks.logs import MALFORMED, valid_log
+from tests.tasks.logs import ABSENT, MALFORMED, log_with, valid_log
 
 RULES = LogRules()
 
@@ -37,23 +37,9 @@ def _json_log() -> dict:
     return {**valid_log(5), "domain": "json", "reference": {"schema": {"type": "object"}}}
 
 
-_ABSENT = object()
-
-
-def _variant(**changes) -> str:
-    """A valid log with fields changed (or dropped: _ABSENT)."""
-    log = valid_log(1)
-    for key, value in changes.items():
-        if value is _ABSENT:
-            log.pop(key)
-        else:
-            log[key] = value
-    return json.dumps(log)
-
-
 def _raw(field: str, json_text: str, **changes) -> str:
     """A valid log whose `field` is spelled exactly `json_text`."""
-    return _variant(**{field: "@@"}, **changes).replace('"@@"', json_text)
+    return log_with(**{field: "@@"}, **changes).replace('"@@"', json_text)
 
 
 # Lines the fast path must take (clean), each spelling something DuckDB normalises.
@@ -64,63 +50,63 @@ CLEAN = {
     "reordered": json.dumps(dict(reversed(list(valid_log(4).items())))),
     "escapes": _raw("response", r'"caf\u00e9 \/ \ud83d\ude00 \u001f \t \u2028 é \" \\ \b\f\r\n \u00E9"'),
     "escaped_source": json.dumps(valid_log(6)).replace('"policy-v3"', '"\\u0070olicy\\/v3"'),
-    "no_id_null_meta": _variant(id=_ABSENT, meta=None),
-    "no_meta": _variant(meta=_ABSENT),
-    "verifier_null": _variant(verifier=None),
-    "verifier_exact": _variant(verifier="exact", reference={"answer": 7}),
-    "detail_null": _variant(failure={"kind": "wrong_answer", "detail": None}),
-    "no_detail": _variant(failure={"kind": "wrong_answer", "extra": [1, {"a": True}]}),
-    "message_name": _variant(messages=[{"role": "user", "name": "ann", "content": "hi", "n": [1, -2]}]),
-    "message_name_first": _variant(messages=[{"name": "ann", "tool_calls": [], "role": "user", "content": "hi"},
+    "no_id_null_meta": log_with(id=ABSENT, meta=None),
+    "no_meta": log_with(meta=ABSENT),
+    "verifier_null": log_with(verifier=None),
+    "verifier_exact": log_with(verifier="exact", reference={"answer": 7}),
+    "detail_null": log_with(failure={"kind": "wrong_answer", "detail": None}),
+    "no_detail": log_with(failure={"kind": "wrong_answer", "extra": [1, {"a": True}]}),
+    "message_name": log_with(messages=[{"role": "user", "name": "ann", "content": "hi", "n": [1, -2]}]),
+    "message_name_first": log_with(messages=[{"name": "ann", "tool_calls": [], "role": "user", "content": "hi"},
                                              {"role": "assistant", "content": "?", "name": "bot"}]),
-    "unknown_top_key": _variant(trace={"spans": [1, 2, {"x": None}]}),
-    "big_int": _variant(meta={"n": 1234567890123456789, "m": -9223372036854775808}),
+    "unknown_top_key": log_with(trace={"spans": [1, 2, {"x": None}]}),
+    "big_int": log_with(meta={"n": 1234567890123456789, "m": -9223372036854775808}),
     "code": json.dumps(_code_log()),
     "json": json.dumps(_json_log()),
-    "unknown_domain": _variant(domain="chemistry"),
-    "unknown_verifier": _variant(verifier="vibes"),
-    "bad_ts": _variant(ts="yesterday"),
-    "wrong_answer_type": _variant(reference={"answer": True}),
+    "unknown_domain": log_with(domain="chemistry"),
+    "unknown_verifier": log_with(verifier="vibes"),
+    "bad_ts": log_with(ts="yesterday"),
+    "wrong_answer_type": log_with(reference={"answer": True}),
     "bad_entry_point": json.dumps({**_code_log(), "reference": {"entry_point": "1add", "tests": "def check(c): pass"}}),
     "no_check": json.dumps({**_code_log(), "reference": {"entry_point": "add", "tests": "assert add(1, 2) == 3"}}),
     "solution_null": json.dumps({**_code_log(), "reference": {**_code_log()["reference"], "solution": None}}),
     "schema_not_object": json.dumps({**_json_log(), "reference": {"schema": "object"}}),
-    "tab_content": _variant(messages=[{"role": "user", "content": "\t"}]),
+    "tab_content": log_with(messages=[{"role": "user", "content": "\t"}]),
     "crlf": json.dumps(valid_log(7)) + "\r",
 }
 
 # Lines the fast path leaves to the full query: it must not claim them.
 NOT_CLEAN = {
-    "float": _variant(meta={"latency_s": 0.25}),
-    "exponent": _variant(reference={"answer": 1e5}),
+    "float": log_with(meta={"latency_s": 0.25}),
+    "exponent": log_with(reference={"answer": 1e5}),
     "minus_zero": _raw("meta", '{"z": -0}'),
-    "huge_int": _variant(meta={"n": 10 ** 25}),
+    "huge_int": log_with(meta={"n": 10 ** 25}),
     "trailing_comma": json.dumps(valid_log(8))[:-1] + ",}",
     "nan": _raw("meta", '{"x": NaN}'),
     "repeated_key": json.dumps(valid_log(9))[:-1] + ', "domain": "code"}',
     "repeated_role": _raw("messages", '[{"role": "user", "role": "tool", "content": "x"}]'),
     "nul": _raw("response", r'"a\u0000b"'),
     "lone_surrogate": _raw("response", r'"\ud800"'),
-    "no_user": _variant(messages=[{"role": "system", "content": "s"}]),
-    "blank": _variant(messages=[{"role": "user", "content": "   "}]),
-    "empty_messages": _variant(messages=[]),
-    "item_not_object": _variant(messages=["hi"]),
-    "content_number": _variant(messages=[{"role": "user", "content": 5}]),
-    "id_number": _variant(id=5),
-    "meta_array": _variant(meta=[1]),
-    "verifier_number": _variant(verifier=3),
-    "detail_number": _variant(failure={"kind": "x", "detail": 3}),
-    "no_kind": _variant(failure={"detail": "x"}),
-    "too_many_messages": _variant(messages=[{"role": "user", "content": "x"}] * 65),
-    "content_over_limit": _variant(messages=[{"role": "user", "content": "é" * 32_769}]),
-    "response_over_limit": _variant(response="x" * 32_769),
-    "combining_at_limit": _variant(response="e\u0301" * 16_385),
+    "no_user": log_with(messages=[{"role": "system", "content": "s"}]),
+    "blank": log_with(messages=[{"role": "user", "content": "   "}]),
+    "empty_messages": log_with(messages=[]),
+    "item_not_object": log_with(messages=["hi"]),
+    "content_number": log_with(messages=[{"role": "user", "content": 5}]),
+    "id_number": log_with(id=5),
+    "meta_array": log_with(meta=[1]),
+    "verifier_number": log_with(verifier=3),
+    "detail_number": log_with(failure={"kind": "x", "detail": 3}),
+    "no_kind": log_with(failure={"detail": "x"}),
+    "too_many_messages": log_with(messages=[{"role": "user", "content": "x"}] * 65),
+    "content_over_limit": log_with(messages=[{"role": "user", "content": "é" * 32_769}]),
+    "response_over_limit": log_with(response="x" * 32_769),
+    "combining_at_limit": log_with(response="e\u0301" * 16_385),
     "top_array": "[1, 2]",
     "top_string": '"log"',
     "empty_object": "{}",
     "comment": json.dumps(valid_log(10)) + " /* c */",
     "trailing_garbage": json.dumps(valid_log(11)) + " x",
-    "deep": _variant(meta={"a": json.loads("[" * 70 + "]" * 70)}),
+    "deep": log_with(meta={"a": json.loads("[" * 70 + "]" * 70)}),
 }
 
 
@@ -170,7 +156,7 @@ def test_demo_data_gives_the_full_querys_rows(tmp_path):
 
 def test_undecodable_bytes_and_a_long_line_agree(tmp_path):
     lines = [json.dumps(valid_log(1)).replace("calculator", "calcul\xe9tor").encode("latin-1"),
-             _variant(response="y" * 70_000).encode()]
+             log_with(response="y" * 70_000).encode()]
     fast, slow, clean = _rows_both_ways(tmp_path, lines)
     _assert_same(fast, slow, ["latin-1", "over max_line_bytes"])
     assert slow[0][1] is False  # utf8_ok: the line is flagged, whichever path read it
