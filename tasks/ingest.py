@@ -18,7 +18,7 @@ import hashlib
 import random
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -136,19 +136,23 @@ def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: 
     aside, judging_aside = SetAside(limit=0), None
     with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con), \
             con.cursor() as cursor:
-        for step, (chunk, consumed, last) in enumerate(chunks):
-            # With nothing judged yet (a fresh process's first chunk) the chunk is judged
-            # whole; after that the odd line of a new shape waits for the batch's end.
-            aside.limit = cfg.defer_lines if step or verdicts else 0
-            judged = judge_chunk(con, chunk, cfg.rules, verdicts, aside)
-            if last:  # the set-aside lines' GX call runs while DuckDB stages the last chunk
-                judging_aside = _BESIDE.submit(judge_set_aside, cursor, aside, cfg.rules, verdicts)
-            kept, quarantined = stage_chunk(con, judged, staged, batch_id, cycle_id, cfg.rules)
-            ok, bad = ok + kept, bad + quarantined
-            advance(chunk.num_rows, consumed)
-            del chunk, judged  # let the next chunk's lines replace this one's in memory, not join them
-        judged_aside = judging_aside.result() if judging_aside else judge_set_aside(cursor, aside, cfg.rules,
-                                                                                      verdicts)
+        try:
+            for step, (chunk, consumed, last) in enumerate(chunks):
+                # With nothing judged yet (a fresh process's first chunk) the chunk is judged
+                # whole; after that the odd line of a new shape waits for the batch's end.
+                aside.limit = cfg.defer_lines if step or verdicts else 0
+                judged = judge_chunk(con, chunk, cfg.rules, verdicts, aside)
+                if last:  # the set-aside lines' GX call runs while DuckDB stages the last chunk
+                    judging_aside = _BESIDE.submit(judge_set_aside, cursor, aside, cfg.rules, verdicts)
+                kept, quarantined = stage_chunk(con, judged, staged, batch_id, cycle_id, cfg.rules)
+                ok, bad = ok + kept, bad + quarantined
+                advance(chunk.num_rows, consumed)
+                del chunk, judged  # let the next chunk's lines replace this one's in memory, not join them
+            judged_aside = (judging_aside.result() if judging_aside
+                            else judge_set_aside(cursor, aside, cfg.rules, verdicts))
+        finally:
+            if judging_aside:  # the cursor must outlive the query it runs, even when the batch fails
+                wait([judging_aside])
         kept, quarantined = stage_set_aside(con, judged_aside, staged, batch_id, cycle_id, cfg.rules, verdicts)
         ok, bad = ok + kept, bad + quarantined
     with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):

@@ -320,3 +320,26 @@ def test_remembered_verdicts_start_afresh_past_their_bound(monkeypatch):
     assert fresh == {} and fresh is not held and len(held) == 4  # a batch holding the old one keeps it
     fresh[(0,)] = "bad_json"
     assert known_verdicts(LogRules()) is fresh
+
+
+def test_a_batch_failing_while_its_set_aside_lines_are_judged_leaves_nothing(lake_settings, tmp_path, monkeypatch):
+    """The last chunk's staging fails while the set-aside lines are judged beside it: the
+    error surfaces, nothing is committed, and the rerun ingests the batch exactly once."""
+    import tasks.ingest as ingest
+
+    path = write_logs(tmp_path / "logs.jsonl", 300, extra_lines=[line for line, _ in MALFORMED.values()])
+    con = open_lake(lake_settings)
+    ingest_file(con, write_logs(tmp_path / "warm.jsonl", 5, seed=3), "warm", CFG, "c0")  # shapes known: lines wait
+    stage = ingest.stage_chunk
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(ingest, "stage_chunk", failing)
+    with pytest.raises(RuntimeError, match="disk full"):
+        ingest_file(con, path, str(path), CFG, "c1")
+    assert [_count(con, t) for t in ("failure_logs", "quarantine", "ingest_batches")] == [5, 0, 1]
+    monkeypatch.setattr(ingest, "stage_chunk", stage)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (300, len(MALFORMED))
+    assert _count(con, "failure_logs") == 305
