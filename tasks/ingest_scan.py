@@ -115,7 +115,7 @@ def _offer(ready: queue.Queue, stop: threading.Event, item) -> bool:
 def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
     """`chunk` (line_no, raw, nbytes, utf8_ok) with the scanner's columns beside it.
 
-    Each Arrow chunk of `raw` is scanned where it lies (no copy), in halves on two threads.
+    Each Arrow chunk of `raw` is scanned where it lies (no copy), split over the scanning threads.
     """
     limits = (rules.max_messages, rules.max_content_chars, rules.max_response_chars)
     lengths = chunk.column("nbytes").combine_chunks().to_numpy()
@@ -123,7 +123,7 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
     for raw in chunk.column("raw").chunks:
         offsets = np.frombuffer(raw.buffers()[1], dtype=np.int64)[raw.offset:raw.offset + len(raw) + 1]
         data = raw.buffers()[2] or pa.py_buffer(b"")
-        for lo, hi in _halves(len(raw)):
+        for lo, hi in _thread_ranges(len(raw)):
             work.append((data, offsets[lo:hi].tobytes(), lengths[row + lo:row + hi].tobytes()))
         row += len(raw)
     parts = list(_POOL.map(lambda args: _logscan.scan(*args, *limits), work))
@@ -140,9 +140,10 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
     return table
 
 
-def _halves(rows: int) -> list[tuple[int, int]]:
-    middle = rows // _THREADS
-    return [(0, middle), (middle, rows)] if middle else [(0, rows)]
+def _thread_ranges(rows: int) -> list[tuple[int, int]]:
+    """`rows` split into one contiguous range per scanning thread (fewer for tiny chunks)."""
+    bounds = sorted({rows * i // _THREADS for i in range(_THREADS + 1)})
+    return list(zip(bounds[:-1], bounds[1:])) or [(0, 0)]
 
 
 def _text_array(column: tuple[bytes, bytes, bytes]) -> pa.Array:
