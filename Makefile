@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # The editable install builds tasks/_logscan*.so in place; rebuild it when its C changes.
-$(NATIVE): tasks/logscan.c tasks/logscan_json.h $(STAMP)
+$(NATIVE): tasks/logscan.c $(wildcard tasks/logscan_*.h) $(STAMP)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(NATIVE)
 

@@ -33,7 +33,8 @@ from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest_batch import (SetAside, batch_tables, judge_chunk, judge_set_aside, stage_chunk,
-                                stage_set_aside)
+                                stage_set_aside, quarantine_lake_repeats, drop_lake_repeats)
+from tasks.ingest_lines import read_chunks
 from tasks.ingest_progress import ingest_progress
 from tasks.ingest_scan import ScannedChunks
 from tasks.ingest_sources import local_version, object_version
@@ -130,12 +131,30 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
 
 def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: tuple[Path, str, str],
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
-    (path, source_uri, source_version), ok, bad = source, 0, 0
+    path, source_uri, source_version = source
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
+    with batch_tables(con):
+        ok, bad = _stage_batch(con, chunks, (path, source_uri), staged, batch_id, cfg, cycle_id)
+        with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
+            reread = lambda: (lines for lines, _ in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes))  # noqa: E731
+            repeats = quarantine_lake_repeats(con, staged, reread, batch_id, cycle_id)
+            ok, bad = ok - repeats, bad + repeats
+            staged.register()
+            drop_lake_repeats(con, batch_id)
+            append_rows(con, "ingest_batches", pa.Table.from_pylist([{
+                "batch_id": batch_id, "source_uri": source_uri, "rows_ok": ok, "rows_quarantined": bad,
+                "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id, "source_version": source_version}],
+                schema=SCHEMAS["ingest_batches"]))
+    return ok, bad
+
+
+def _stage_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: tuple[Path, str],
+                 staged: StagedRows, batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
+    """Judge and stage every chunk, then the lines set aside; (rows kept, rows quarantined)."""
+    ok, bad = 0, 0
     verdicts = known_verdicts(cfg.rules)
     aside, judging_aside = SetAside(limit=0), None
-    with ingest_progress(path, source_uri, cfg.progress_min_bytes) as advance, batch_tables(con), \
-            con.cursor() as cursor:
+    with ingest_progress(*source, cfg.progress_min_bytes) as advance, con.cursor() as cursor:
         try:
             for step, (chunk, consumed, last) in enumerate(chunks):
                 # With nothing judged yet (a fresh process's first chunk) the chunk is judged
@@ -153,15 +172,8 @@ def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: 
         finally:
             if judging_aside:  # the cursor must outlive the query it runs, even when the batch fails
                 wait([judging_aside])
-        kept, quarantined = stage_set_aside(con, judged_aside, staged, batch_id, cycle_id, cfg.rules, verdicts)
-        ok, bad = ok + kept, bad + quarantined
-    with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
-        staged.register()
-        append_rows(con, "ingest_batches", pa.Table.from_pylist([{
-            "batch_id": batch_id, "source_uri": source_uri, "rows_ok": ok, "rows_quarantined": bad,
-            "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id, "source_version": source_version}],
-            schema=SCHEMAS["ingest_batches"]))
-    return ok, bad
+    kept, quarantined = stage_set_aside(con, judged_aside, staged, batch_id, cycle_id, cfg.rules, verdicts)
+    return ok + kept, bad + quarantined
 
 
 def file_sha256(path: Path) -> str:

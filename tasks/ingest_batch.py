@@ -16,7 +16,7 @@ line reach Python.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import duckdb
@@ -35,6 +35,7 @@ from tasks.log_checks import LogRules, explain, first_failures
 # full query's rows for lines it derives.
 _ROWS, _DROP, _SEEN = "temp.main._ingest_rows", "temp.main._ingest_drop", "temp.main._ingest_seen"
 _SLOW = "temp.main._ingest_slow_rows"
+_LAKE_HITS = "temp.main._ingest_lake_hits"  # staged logs found in the lake at the batch's end
 # Beside the log columns: log_id as its 32 raw bytes, for hash joins on half the bytes.
 _KEYED = "SELECT *, unhex(log_id) AS log_key FROM ({})"
 
@@ -57,14 +58,20 @@ class SetAside:
 
 @contextlib.contextmanager
 def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """The batch's scratch tables, with the in-memory database as the default meanwhile:
+    while the lake is the default, every statement, even one on temp tables alone, first
+    asks the DuckLake catalog for its snapshot (~5 ms a statement, a dozen per chunk)."""
+    default = con.execute("SELECT current_database()").fetchone()[0]
+    con.execute("USE memory")
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_seen (log_id BLOB, line_no BIGINT)")
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_drop (line_no BIGINT)")
     try:
         yield
     finally:
         con.execute(f"DROP VIEW IF EXISTS {_ROWS}")
-        for name in (_DROP, _SEEN, _SLOW):
+        for name in (_DROP, _SEEN, _SLOW, _LAKE_HITS):
             con.execute(f"DROP TABLE IF EXISTS {name}")
+        con.execute(f"USE {default}")
 
 
 @dataclass(frozen=True)
@@ -211,34 +218,67 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-# Valid lines identical to an earlier valid line of these rows, to one staged from an
-# earlier chunk of this batch, or to a log already in the lake.
+# Valid lines identical to an earlier valid line of these rows or to one staged from an
+# earlier chunk of this batch. Logs already in the lake are looked up once per batch
+# (`unstage_lake_repeats`): a probe of the lake per chunk costs a scan of its log ids each time.
 _REPEATS_SQL = f"""
-WITH ids AS MATERIALIZED (SELECT log_id, log_key, line_no FROM {_ROWS}
+WITH ids AS MATERIALIZED (SELECT log_key, line_no FROM {_ROWS}
                           WHERE line_no NOT IN (SELECT line_no FROM {_DROP})),
 -- a hash aggregate, not a window: only ids seen twice need their first line
 twice AS (SELECT log_key, min(line_no) AS first_line FROM ids GROUP BY log_key HAVING count(*) > 1)
-SELECT c.log_id, c.line_no, t.first_line, s.line_no AS seen_line, f.batch_id AS seen_batch, f.line_no AS lake_line
+SELECT c.line_no, coalesce(s.line_no, t.first_line) AS first_line
 FROM ids c
 LEFT JOIN twice t ON t.log_key = c.log_key
 LEFT JOIN {_SEEN} s ON s.log_id = c.log_key
-LEFT JOIN (
-  SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
-  WHERE log_id IN (SELECT log_id FROM ids) GROUP BY log_id) f ON f.log_id = c.log_id
-WHERE f.batch_id IS NOT NULL OR s.line_no IS NOT NULL OR t.first_line <> c.line_no
+WHERE s.line_no IS NOT NULL OR t.first_line <> c.line_no
 """
 
 
 def find_repeats(con: duckdb.DuckDBPyConnection) -> dict[int, str]:
-    """{line_no: reason} for valid lines repeating a log already ingested or staged."""
-    repeats: dict[int, str] = {}
-    for log_id, line_no, first_line, seen_line, seen_batch, lake_line in con.sql(_REPEATS_SQL).fetchall():
-        if seen_batch is not None:
-            repeats[line_no] = (f"identical to log {log_id[:16]} already ingested "
-                                f"(batch {seen_batch[:16]}, line {lake_line})")
-        else:
-            repeats[line_no] = f"identical to line {seen_line or first_line} of this file"
-    return repeats
+    """{line_no: reason} for valid lines repeating a line of this batch staged before them."""
+    return {line_no: f"identical to line {first_line} of this file"
+            for line_no, first_line in con.sql(_REPEATS_SQL).fetchall()}
+
+
+def quarantine_lake_repeats(con: duckdb.DuckDBPyConnection, staged: StagedRows,
+                            reread: Callable[[], Iterator[pa.Table]], batch_id: str, cycle_id: str) -> int:
+    """Stage quarantine rows for the staged logs identical to a log already in the lake;
+    how many there are. `drop_lake_repeats` then takes them out of the batch's logs.
+
+    One probe of the lake per batch, over every log staged. A hit is rare (a log
+    exported twice), so it may cost more: its verbatim line is read again from the file
+    (`reread`: the batch's chunks, as tasks/ingest_lines.py reads them).
+    """
+    con.execute(f"""CREATE OR REPLACE TEMP TABLE _ingest_lake_hits AS
+        WITH staged AS (SELECT lower(hex(log_id)) AS log_id, line_no FROM {_SEEN})
+        SELECT s.line_no, f.log_id, f.batch_id, f.line_no AS lake_line FROM staged s
+        JOIN (SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
+              WHERE log_id IN (SELECT log_id FROM staged) GROUP BY log_id) f USING (log_id)""")
+    hits, last = con.execute(f"SELECT count(*), max(line_no) FROM {_LAKE_HITS}").fetchone()
+    for lines in reread() if hits else ():
+        if lines.num_rows and lines["line_no"][0].as_py() > last:
+            break
+        con.register("_ingest_reread", lines)
+        try:
+            staged.stage_query("quarantine", f"""
+                SELECT {_literal(batch_id)} AS batch_id, h.line_no, rtrim(l.raw, chr(13) || chr(10)) AS raw,
+                       'repeated_log' AS kind,
+                       'identical to log ' || left(h.log_id, 16) || ' already ingested (batch '
+                         || left(h.batch_id, 16) || ', line ' || h.lake_line || ')' AS reason,
+                       {_literal(cycle_id)} AS cycle_id
+                FROM _ingest_reread l JOIN {_LAKE_HITS} h USING (line_no) ORDER BY h.line_no""")
+        finally:
+            con.unregister("_ingest_reread")
+    return hits
+
+
+def drop_lake_repeats(con: duckdb.DuckDBPyConnection, batch_id: str) -> None:
+    """Delete the lake repeats `quarantine_lake_repeats` found from this batch's logs,
+    in the transaction that registers them (a DuckLake delete file: the staged
+    Parquet is not rewritten, and no snapshot ever shows the repeats)."""
+    if con.execute(f"SELECT count(*) FROM {_LAKE_HITS}").fetchone()[0]:
+        con.execute(f"DELETE FROM lake.failure_logs WHERE batch_id = ? "
+                    f"AND line_no IN (SELECT line_no FROM {_LAKE_HITS})", [batch_id])
 
 
 def _quarantine_rows(lines: pa.Table, bad_lines: dict[int, str], repeats: dict[int, str],

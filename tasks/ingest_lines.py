@@ -31,9 +31,13 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tupl
     """
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
+        size = probe.seek(0, 2)
+    # A plain file is read in equal blocks of at most chunk_bytes: no small last step,
+    # whose fixed costs would buy few lines (its length is unknown inside a .gz).
+    block_bytes = chunk_bytes if gzipped else -(-size // max(1, -(-size // chunk_bytes)))
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
         next_no, consumed, carry = 1, 0, b""
-        while block := handle.read(chunk_bytes):
+        while block := handle.read(block_bytes):
             consumed += len(block)
             ends = newlines(block)
             if not len(ends):  # a line longer than a block

@@ -4,7 +4,7 @@
  * RFC 8259 JSON, a top-level object whose known fields have the expected types, every
  * message an object with a known role and non-blank string content, a user message,
  * sizes within the rules, integers only (no floats, no -0, at most 19 digits), no
- * repeated known key. For a clean line every Great Expectations feature is fixed by
+ * repeated known key, `ts` in ISO 8601 with its offset. For a clean line every Great Expectations feature is fixed by
  * what this pass saw, so tasks/ingest_scan.py builds its feature row directly; every
  * other line (the rare bad or unusual one) goes through DuckDB's feature query
  * (tasks/ingest_features.py), which stays the definition. Nothing here decides that a
@@ -13,7 +13,8 @@
  * For clean lines it also writes the failure_logs values exactly as DuckDB's
  * json_extract would (minified; strings re-escaped the way yyjson writes them) and the
  * log id: sha256 of the same text DuckDB hashes, `[id, ts, ..., meta]` with `NULL` for
- * an absent field. tests/tasks/test_ingest_scan.py holds both paths to equality.
+ * an absent field, and `ts` as microseconds (tasks/logscan_ts.h).
+ * tests/tasks/test_ingest_scan.py holds both paths to equality.
  *
  * The GIL is released while scanning, so a chunk's halves run on two threads.
  */
@@ -22,6 +23,8 @@
 #include <openssl/evp.h>
 
 #include "logscan_json.h"
+#include "logscan_ts.h"
+#include "logscan_block.h"
 
 /* Output columns. Strings: a validity byte per row, int64 offsets, data. */
 enum { S_ID, S_TS, S_MODEL, S_DOMAIN, S_VERIFIER, S_RESPONSE, S_KIND, S_DETAIL,
@@ -49,6 +52,7 @@ typedef struct {
     Span field[N_FIELDS], decoded[N_STR];
     size_t mark[N_STR];
     uint8_t byte[N_BYTE];
+    int64_t ts_micros;
     long max_messages, max_content_chars, max_response_chars;
 } Line;
 
@@ -252,13 +256,16 @@ static int scan_line(Line *l, const unsigned char *p, size_t n) {
     Stats response = {0};
     count(&response, (const unsigned char *)l->col[S_RESPONSE].data.p + l->decoded[S_RESPONSE].at,
           l->decoded[S_RESPONSE].len);
-    return in.p == in.end && response.chars <= l->max_response_chars && buffers_ok(l);
+    const Span *ts = &l->decoded[S_TS];
+    return in.p == in.end && response.chars <= l->max_response_chars && buffers_ok(l) &&
+           parse_ts((const unsigned char *)ts->in->p + ts->at, ts->len, &l->ts_micros);
 }
 
 /* Close the line's row in every column (cutting back what a line that was not clean
  * wrote) and hash a clean line's fields as DuckDB does: sha256 of the field values
  * cast to text as a list, `[v1, v2, NULL, ...]`. */
-static void finish_line(Line *l, int clean, Buf *bytes, Buf *ids, EVP_MD_CTX *ctx, const EVP_MD *sha256) {
+static void finish_line(Line *l, int clean, Buf *bytes, Buf *ids, Buf *stamps, EVP_MD_CTX *ctx,
+                        const EVP_MD *sha256) {
     static const unsigned char zero[EVP_MAX_MD_SIZE];
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int md_len = 0;
@@ -274,6 +281,8 @@ static void finish_line(Line *l, int clean, Buf *bytes, Buf *ids, EVP_MD_CTX *ct
     }
     l->byte[B_CLEAN] = (uint8_t)clean;
     for (int b = 0; b < N_BYTE; b++) putc1(&bytes[b], clean ? (char)l->byte[b] : 0);
+    int64_t micros = clean ? l->ts_micros : 0;
+    put(stamps, &micros, sizeof micros);
     if (!clean) { put(ids, zero, 32); return; }
     int ok = EVP_DigestInit_ex(ctx, sha256, NULL) && EVP_DigestUpdate(ctx, "[", 1);
     for (int f = 0; f < N_FIELDS; f++) {
@@ -284,13 +293,6 @@ static void finish_line(Line *l, int clean, Buf *bytes, Buf *ids, EVP_MD_CTX *ct
     ok = ok && EVP_DigestUpdate(ctx, "]", 1) && EVP_DigestFinal_ex(ctx, md, &md_len);
     if (!ok) ids->oom = 1;  /* reported as a failure of the whole scan */
     put(ids, md, 32);
-}
-
-static PyObject *as_bytes(Buf *b) {
-    PyObject *o = PyBytes_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)b->len);
-    free(b->p);
-    b->p = NULL;
-    return o;
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -304,7 +306,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = lengths.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t *start = starts.buf, *length = lengths.buf;
-    Buf bytes[N_BYTE] = {{0}}, ids = {0};
+    Buf bytes[N_BYTE] = {{0}}, ids = {0}, stamps = {0};
     int oom = 0, bounds = starts.len < lengths.len;
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     EVP_MD *sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);  /* once: an implicit fetch per line is slow */
@@ -313,11 +315,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n && ctx && sha256 && !bounds; i++) {
         if (start[i] < 0 || length[i] < 0 || start[i] + length[i] > data.len) { bounds = 1; break; }
         int clean = scan_line(&l, (const unsigned char *)data.buf + start[i], (size_t)length[i]);
-        finish_line(&l, clean, bytes, &ids, ctx, sha256);
+        finish_line(&l, clean, bytes, &ids, &stamps, ctx, sha256);
     }
     for (int c = 0; c < N_STR; c++) oom |= col[c].valid.oom | col[c].offsets.oom | col[c].data.oom;
     for (int b = 0; b < N_BYTE; b++) oom |= bytes[b].oom;
-    oom |= ids.oom | l.canon.oom | l.key.oom | l.scratch.oom | !ctx | !sha256;
+    oom |= ids.oom | stamps.oom | l.canon.oom | l.key.oom | l.scratch.oom | !ctx | !sha256;
     Py_END_ALLOW_THREADS
     EVP_MD_CTX_free(ctx);
     EVP_MD_free(sha256);
@@ -326,11 +328,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyBuffer_Release(&lengths);
     free(l.canon.p); free(l.key.p); free(l.scratch.p);
     PyObject *byte_cols = PyList_New(N_BYTE), *str_cols = PyList_New(N_STR);
-    for (int b = 0; b < N_BYTE; b++) PyList_SET_ITEM(byte_cols, b, as_bytes(&bytes[b]));
+    for (int b = 0; b < N_BYTE; b++) PyList_SET_ITEM(byte_cols, b, as_block(&bytes[b]));
     for (int c = 0; c < N_STR; c++)
-        PyList_SET_ITEM(str_cols, c, Py_BuildValue("(NNN)", as_bytes(&col[c].valid),
-                                                   as_bytes(&col[c].offsets), as_bytes(&col[c].data)));
-    PyObject *out = Py_BuildValue("(NNN)", byte_cols, as_bytes(&ids), str_cols);
+        PyList_SET_ITEM(str_cols, c, Py_BuildValue("(NNN)", as_block(&col[c].valid),
+                                                   as_block(&col[c].offsets), as_block(&col[c].data)));
+    PyObject *out = Py_BuildValue("(NNNN)", byte_cols, as_block(&ids), str_cols, as_block(&stamps));
     if (bounds) { Py_XDECREF(out); PyErr_SetString(PyExc_ValueError, "a line's start or length lies outside the data"); return NULL; }
     if (oom) { Py_XDECREF(out); return PyErr_NoMemory(); }
     return out;
@@ -353,15 +355,19 @@ static PyObject *newlines(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     if (out.oom) { free(out.p); return PyErr_NoMemory(); }
-    return as_bytes(&out);
+    return as_block(&out);
 }
 
 static PyMethodDef METHODS[] = {
     {"scan", scan, METH_VARARGS,
      "scan(data, starts, lengths, max_messages, max_content_chars, max_response_chars) -> "
-     "(byte columns, 32-byte log ids, string columns as (valid, int64 offsets, data))"},
-    {"newlines", newlines, METH_VARARGS, "newlines(data) -> int64 offsets of every newline, as bytes"},
+     "(byte columns, 32-byte log ids, string columns as (valid, int64 offsets, data), "
+     "int64 ts in microseconds), each a read-only buffer"},
+    {"newlines", newlines, METH_VARARGS, "newlines(data) -> int64 offsets of every newline, as a read-only buffer"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_logscan", NULL, -1, METHODS, NULL, NULL, NULL, NULL};
-PyMODINIT_FUNC PyInit__logscan(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__logscan(void) {
+    if (PyType_Ready(&BLOCK_TYPE) < 0) return NULL;
+    return PyModule_Create(&MODULE);
+}

@@ -94,6 +94,36 @@ def test_repeated_logs_are_quarantined_not_duplicated(lake_settings, tmp_path):
     assert _count(con, "failure_logs") == 15
 
 
+def test_logs_already_in_the_lake_leave_every_chunk_staged(lake_settings, tmp_path):
+    """The lake is probed once per batch, after every chunk is staged: the hits, from any
+    chunk, are taken out of the batch's logs and quarantined with their lines verbatim."""
+    con = open_lake(lake_settings)
+    old = write_logs(tmp_path / "old.jsonl", 10)
+    ingest_file(con, old, str(old), CFG, "c1")
+    lines = [json.dumps(valid_log(i, seed=3)) for i in range(2500)]  # three chunks of CFG
+    hits = {5: 2, 1700: 4, 2400: 4}  # line_no (1-based) -> which old log it repeats
+    for line_no, i in hits.items():
+        lines[line_no - 1] = json.dumps(valid_log(i)) + "  \r"  # the verbatim line keeps its spaces
+    path = tmp_path / "new.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = ingest_file(con, path, str(path), CFG, "c2")
+    assert (result.rows_ok, result.rows_quarantined) == (2497, 3)
+    rows = con.execute("SELECT line_no, kind, reason, raw FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert [r[0] for r in rows] == [5, 1700, 2400] and {r[1] for r in rows} == {"repeated_log"}
+    assert rows[0][2].startswith("identical to log") and rows[0][2].endswith(", line 3)")
+    assert rows[1][2].endswith(", line 5)")
+    assert rows[2][2] == "identical to line 1700 of this file"  # a repeat within the file is named so first
+    assert rows[0][3] == json.dumps(valid_log(2)) + "  "
+    assert _count(con, "failure_logs") == 10 + 2497
+    assert con.execute("SELECT count(DISTINCT log_id) FROM lake.failure_logs").fetchone()[0] == 10 + 2497
+    assert con.execute("SELECT rows_ok, rows_quarantined FROM lake.ingest_batches WHERE cycle_id = 'c2'"
+                       ).fetchone() == (2497, 3)
+    # the repeats were deleted in the batch's own commit: no snapshot ever held them
+    changes = con.execute("SELECT changes FROM ducklake_snapshots('lake') ORDER BY snapshot_id DESC LIMIT 1"
+                          ).fetchone()[0]
+    assert "tables_inserted_into" in changes and "tables_deleted_from" not in changes, changes
+
+
 def test_a_repeat_in_a_later_chunk_names_the_first_line(lake_settings, tmp_path):
     # 1,500 logs are two chunks of CFG; the repeats of line 3 sit in the second one
     path = write_logs(tmp_path / "logs.jsonl", 1500, extra_lines=[json.dumps(valid_log(2))] * 2)
@@ -135,13 +165,17 @@ def test_s3_landing_prefix_is_ingested_and_raw_files_stay(s3_lake_settings, tmp_
     store.ensure_bucket()
     bucket = s3_lake_settings.s3_bucket
     store.upload(write_logs(tmp_path / "x.jsonl", 25, seed=3), bucket, "landing/2026/x.jsonl")
+    # y repeats a log of x: its staged Parquet on S3 is rewritten without it
     store.upload(write_logs(tmp_path / "y.jsonl.gz", 15, seed=4,
-                            extra_lines=[MALFORMED["bad_role"][0]]), bucket, "landing/2026/y.jsonl.gz")
+                            extra_lines=[MALFORMED["bad_role"][0], json.dumps(valid_log(7, seed=3))]),
+                 bucket, "landing/2026/y.jsonl.gz")
     sources = discover_sources([f"s3://{bucket}/landing/"], s3_lake_settings)
     assert sources == [f"s3://{bucket}/landing/2026/x.jsonl", f"s3://{bucket}/landing/2026/y.jsonl.gz"]
     con = open_lake(s3_lake_settings)
     results = [ingest_source(con, s3_lake_settings, s, CFG, "c1") for s in sources]
-    assert [(r.rows_ok, r.rows_quarantined) for r in results] == [(25, 0), (15, 1)]
+    assert [(r.rows_ok, r.rows_quarantined) for r in results] == [(25, 0), (15, 2)]
+    assert _count(con, "failure_logs") == 40
+    assert con.execute("SELECT kind FROM lake.quarantine WHERE line_no = 17").fetchone() == ("repeated_log",)
     assert con.execute("SELECT source_uri FROM lake.ingest_batches ORDER BY 1").fetchall()[0][0] == sources[0]
     keys = {o.key for o in store.list(bucket, "landing/")}
     assert keys == {"landing/2026/x.jsonl", "landing/2026/y.jsonl.gz"}
