@@ -2,10 +2,10 @@
  * what DuckDB's TRY_CAST(ts AS TIMESTAMPTZ) gives for it.
  *
  * Only one spelling is converted here, ISO 8601 with its offset written out:
- * YYYY-MM-DDTHH:MM:SS, up to six fraction digits, then Z or +HH:MM / -HH:MM. Anything
- * else (no offset, a space for the T, an impossible date such as Feb 30, a leap
- * second, a far offset) makes the line not clean, so DuckDB's own cast decides it on
- * the slow path. */
+ * YYYY-MM-DDTHH:MM:SS (or a space for the T), up to nine fraction digits (DuckDB keeps
+ * six and drops the rest), then Z or +HH:MM / -HH:MM. Anything else (no offset, an
+ * impossible date such as Feb 30, 24:00, a leap second, a far offset) makes the line
+ * not clean, so DuckDB's own cast decides it on the slow path. */
 #include <stdint.h>
 
 static int ts_digits(const unsigned char *p, int n, int *out) {
@@ -37,7 +37,8 @@ static int64_t ts_days_from_civil(int y, int m, int d) {
 /* 1 and *micros set when p[0..n) is in the one spelling converted here. */
 static int parse_ts(const unsigned char *p, size_t n, int64_t *micros) {
     int y, mo, d, h, mi, s, oh = 0, om = 0, sign = 0;
-    if (n < 20 || p[4] != '-' || p[7] != '-' || p[10] != 'T' || p[13] != ':' || p[16] != ':') return 0;
+    if (n < 20 || p[4] != '-' || p[7] != '-' || (p[10] != 'T' && p[10] != ' ') || p[13] != ':' || p[16] != ':')
+        return 0;
     if (!ts_digits(p, 4, &y) || !ts_digits(p + 5, 2, &mo) || !ts_digits(p + 8, 2, &d) ||
         !ts_digits(p + 11, 2, &h) || !ts_digits(p + 14, 2, &mi) || !ts_digits(p + 17, 2, &s))
         return 0;
@@ -46,8 +47,8 @@ static int parse_ts(const unsigned char *p, size_t n, int64_t *micros) {
     if (p[i] == '.') {
         int places = 0;
         for (i++; i < n && p[i] >= '0' && p[i] <= '9'; i++, places++) {
-            if (places == 6) return 0;
-            fraction = fraction * 10 + (p[i] - '0');
+            if (places == 9) return 0;
+            if (places < 6) fraction = fraction * 10 + (p[i] - '0');
         }
         if (!places) return 0;
         for (; places < 6; places++) fraction *= 10;

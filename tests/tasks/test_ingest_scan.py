@@ -69,6 +69,7 @@ CLEAN = {
     "ts_micros_offset": log_with(ts="0001-01-01T00:00:00.000001-08:00"),
     "ts_max": log_with(ts="9999-12-31T23:59:59.999999+14:00"),
     "ts_escaped": _raw("ts", r'"2026-11-30T12:00:00\u002b05:30"'),
+    "ts_space_nanos": log_with(ts="2026-11-30 12:00:00.999999999-03:00"),
     "wrong_answer_type": log_with(reference={"answer": True}),
     "bad_entry_point": json.dumps({**_code_log(), "reference": {"entry_point": "1add", "tests": "def check(c): pass"}}),
     "no_check": json.dumps({**_code_log(), "reference": {"entry_point": "add", "tests": "assert add(1, 2) == 3"}}),
@@ -84,8 +85,9 @@ NOT_CLEAN = {
     "bad_ts": log_with(ts="yesterday"),
     "ts_feb_30": log_with(ts="2026-02-30T00:00:00Z"),
     "ts_no_offset": log_with(ts="2026-11-30T12:00:00"),
-    "ts_space": log_with(ts="2026-11-30 12:00:00Z"),
-    "ts_nanos": log_with(ts="2026-11-30T12:00:00.123456789Z"),
+    "ts_lowercase": log_with(ts="2026-11-30t12:00:00z"),
+    "ts_hour_24": log_with(ts="2026-11-30T24:00:00Z"),
+    "ts_short_offset": log_with(ts="2026-11-30T12:00:00+05"),
     "exponent": log_with(reference={"answer": 1e5}),
     "minus_zero": _raw("meta", '{"z": -0}'),
     "huge_int": log_with(meta={"n": 10 ** 25}),
@@ -243,7 +245,8 @@ def _random_ts(rng: random.Random) -> str:
     day = f"{rng.choice([1, 1900, 1970, 2000, 2023, 2024, 2026, 9999]):04d}-{part((1, 12), [0, 13]):02d}-" \
           f"{part((1, 28), [0, 29, 30, 31, 32]):02d}"
     time_ = f"{part((0, 23), [24]):02d}:{part((0, 59), [60]):02d}:{part((0, 59), [60]):02d}"
-    fraction = rng.choice(["", "", "", ".5", ".123", ".000001", ".999999", ".1234567", "."])
+    fraction = rng.choice(["", "", "", ".5", ".123", ".000001", ".999999", ".1234567", ".999999999", ".0000000001",
+                           "."])
     offset = rng.choice(["Z"] * 6 + ["+00:00", "-00:00", "+05:30", "-08:00", "+14:00", "-14:59", "+15:00", "+05",
                                      "+0530", "z", "", "+23:59", "-12:60"])
     return day + rng.choice(["T"] * 8 + [" ", "t"]) + time_ + fraction + offset
@@ -256,7 +259,7 @@ def test_timestamps_give_the_full_querys_rows(tmp_path):
     fast, slow, clean = _rows_both_ways(tmp_path, [log_with(ts=ts).encode() for ts in stamps])
     _assert_same(fast, slow, stamps)
     assert 0.2 * len(stamps) < sum(clean) < 0.8 * len(stamps)  # both paths really exercised
-    assert all(not c or t[10] == "T" for t, c in zip(stamps, clean, strict=True))
+    assert all(not c or t[10] in "T " for t, c in zip(stamps, clean, strict=True))
 
 
 @pytest.mark.parametrize("threads_split", [1, 2, 3, 10_001])
