@@ -36,8 +36,13 @@ from tasks.log_checks import LogRules, explain, first_failures
 _ROWS, _DROP, _SEEN = "temp.main._ingest_rows", "temp.main._ingest_drop", "temp.main._ingest_seen"
 _SLOW = "temp.main._ingest_slow_rows"
 _LAKE_HITS = "temp.main._ingest_lake_hits"  # staged logs found in the lake at the batch's end
-# Beside the log columns: log_id as its 32 raw bytes, for hash joins on half the bytes.
-_KEYED = "SELECT *, unhex(log_id) AS log_key FROM ({})"
+# Beside the log columns, the first 128 bits of log_id as two integers (k1, k2): repeats
+# are found by hash joins on fixed-width keys, not on 64-character strings. A chance
+# collision of 128 bits of SHA-256 needs ~2^64 logs. tasks/ingest_scan.py reads the
+# same big-endian integers from the scanner's digests.
+_KEYED = ("SELECT *, ('0x' || log_id[1:16])::UBIGINT AS k1, ('0x' || log_id[17:32])::UBIGINT AS k2 "
+          "FROM ({})")
+KEYS = ("k1", "k2")
 
 
 @dataclass
@@ -63,7 +68,7 @@ def batch_tables(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     asks the DuckLake catalog for its snapshot (~5 ms a statement, a dozen per chunk)."""
     default = con.execute("SELECT current_database()").fetchone()[0]
     con.execute("USE memory")
-    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_seen (log_id BLOB, line_no BIGINT)")
+    con.execute("CREATE OR REPLACE TEMP TABLE _ingest_seen (k1 UBIGINT, k2 UBIGINT, line_no BIGINT)")
     con.execute("CREATE OR REPLACE TEMP TABLE _ingest_drop (line_no BIGINT)")
     try:
         yield
@@ -129,7 +134,7 @@ def judge_set_aside(cursor: duckdb.DuckDBPyConnection, aside: SetAside, rules: L
     lines = pa.concat_tables(aside.tables)
     cursor.register("_ingest_aside", lines)
     rows = cursor.sql(_KEYED.format(feature_sql(rules, "_ingest_aside"))).to_arrow_table()
-    features = rows.drop_columns([*LOG_ONLY, "log_key", "line_no"])
+    features = rows.drop_columns([*LOG_ONLY, *KEYS, "line_no"])
     keys = list(zip(*(column.to_pylist() for column in features.columns)))
     unseen = list({key: i for i, key in enumerate(keys) if key not in verdicts}.values())
     if unseen:
@@ -168,7 +173,7 @@ def _stage_judged(con: duckdb.DuckDBPyConnection, lines: pa.Table, n_rows: int, 
         SELECT log_id, {_literal(batch_id)} AS batch_id, line_no, request_id, ts, model, domain, verifier,
                messages, response, failure_kind, failure_detail, reference, meta, {_literal(cycle_id)} AS cycle_id
         FROM ({kept})""")
-    con.execute(f"INSERT INTO {_SEEN} SELECT log_key, line_no FROM ({kept})")
+    con.execute(f"INSERT INTO {_SEEN} SELECT k1, k2, line_no FROM ({kept})")
     con.execute(f"DROP VIEW {_ROWS}")
     quarantined = _quarantine_rows(lines, bad_lines, repeats, batch_id, cycle_id, rules)
     staged.stage("quarantine", quarantined)
@@ -187,7 +192,7 @@ def judge_lines(con: duckdb.DuckDBPyConnection, rules: LogRules, verdicts: dict[
     `hold_at_most` lines (the odd line of a new shape), those lines are held instead.
     """
     groups = con.sql(f"""SELECT * EXCLUDE (line_no), count(*) AS n_lines, list(line_no) AS line_nos
-        FROM (SELECT * EXCLUDE ({', '.join(LOG_ONLY)}, log_key) FROM {_ROWS}) GROUP BY ALL""").to_arrow_table()
+        FROM (SELECT * EXCLUDE ({', '.join([*LOG_ONLY, *KEYS])}) FROM {_ROWS}) GROUP BY ALL""").to_arrow_table()
     features = groups.drop_columns(["n_lines", "line_nos"])
     keys = list(zip(*(column.to_pylist() for column in features.columns)))
     unseen = [i for i, key in enumerate(keys) if key not in verdicts]
@@ -222,14 +227,14 @@ def _literal(text: str) -> str:
 # earlier chunk of this batch. Logs already in the lake are looked up once per batch
 # (`unstage_lake_repeats`): a probe of the lake per chunk costs a scan of its log ids each time.
 _REPEATS_SQL = f"""
-WITH ids AS MATERIALIZED (SELECT log_key, line_no FROM {_ROWS}
+WITH ids AS MATERIALIZED (SELECT k1, k2, line_no FROM {_ROWS}
                           WHERE line_no NOT IN (SELECT line_no FROM {_DROP})),
 -- a hash aggregate, not a window: only ids seen twice need their first line
-twice AS (SELECT log_key, min(line_no) AS first_line FROM ids GROUP BY log_key HAVING count(*) > 1)
+twice AS (SELECT k1, k2, min(line_no) AS first_line FROM ids GROUP BY k1, k2 HAVING count(*) > 1)
 SELECT c.line_no, coalesce(s.line_no, t.first_line) AS first_line
 FROM ids c
-LEFT JOIN twice t ON t.log_key = c.log_key
-LEFT JOIN {_SEEN} s ON s.log_id = c.log_key
+LEFT JOIN twice t USING (k1, k2)
+LEFT JOIN {_SEEN} s USING (k1, k2)
 WHERE s.line_no IS NOT NULL OR t.first_line <> c.line_no
 """
 
@@ -250,10 +255,11 @@ def quarantine_lake_repeats(con: duckdb.DuckDBPyConnection, staged: StagedRows,
     (`reread`: the batch's chunks, as tasks/ingest_lines.py reads them).
     """
     con.execute(f"""CREATE OR REPLACE TEMP TABLE _ingest_lake_hits AS
-        WITH staged AS (SELECT lower(hex(log_id)) AS log_id, line_no FROM {_SEEN})
+        WITH staged AS (SELECT printf('%016x%016x', k1, k2) AS prefix, line_no FROM {_SEEN})
         SELECT s.line_no, f.log_id, f.batch_id, f.line_no AS lake_line FROM staged s
-        JOIN (SELECT log_id, any_value(batch_id) AS batch_id, min(line_no) AS line_no FROM lake.failure_logs
-              WHERE log_id IN (SELECT log_id FROM staged) GROUP BY log_id) f USING (log_id)""")
+        JOIN (SELECT left(log_id, 32) AS prefix, any_value(log_id) AS log_id, any_value(batch_id) AS batch_id,
+                     min(line_no) AS line_no FROM lake.failure_logs
+              WHERE left(log_id, 32) IN (SELECT prefix FROM staged) GROUP BY prefix) f USING (prefix)""")
     hits, last = con.execute(f"SELECT count(*), max(line_no) FROM {_LAKE_HITS}").fetchone()
     for lines in reread() if hits else ():
         if lines.num_rows and lines["line_no"][0].as_py() > last:

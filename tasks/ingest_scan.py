@@ -133,8 +133,11 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
         values = np.frombuffer(b"".join(p[0][i] for p in parts), dtype=np.uint8)
         table = table.append_column(name, pa.array(values.astype(bool) if name in _FLAGS else values))
     ids, rows = b"".join(p[1] for p in parts), chunk.num_rows
-    table = table.append_column("log_id_bytes", pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(32), rows, [None, pa.py_buffer(ids)]))
+    # k1, k2: the digest's first 16 bytes as big-endian integers, the repeat keys of
+    # tasks/ingest_batch.py (which reads them from the hex id the same way)
+    keys = np.frombuffer(ids, dtype=">u8").reshape(rows, 4)
+    for i, name in enumerate(("k1", "k2")):
+        table = table.append_column(name, pa.array(keys[:, i].astype(np.uint64)))
     # the hex id as DuckDB's lower(hex(...)) spells it, one C call for the whole chunk
     table = table.append_column("log_id", pa.LargeStringArray.from_buffers(
         rows, pa.py_buffer(np.arange(0, 64 * rows + 1, 64, dtype=np.int64)), pa.py_buffer(binascii.hexlify(ids))))
@@ -180,7 +183,7 @@ SELECT line_no, utf8_ok, true AS is_json, 'OBJECT' AS top_type,
     WHEN 'math' THEN answer_ok WHEN 'exact' THEN answer_ok WHEN 'code' THEN code_ok
     WHEN 'json_schema' THEN schema_ok END AS reference_ok,
   true AS ts_ok,
-  log_id, log_id_bytes AS log_key, request_id, ts, model,
+  log_id, k1, k2, request_id, ts, model,
   messages, response, failure_kind, failure_detail, reference, meta
 FROM {source} WHERE clean
 """

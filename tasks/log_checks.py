@@ -142,8 +142,11 @@ def _build_validator(rules: LogRules):
 def first_failures(features: pd.DataFrame, rules: LogRules) -> dict[int, str]:
     """{row position: kind} for every row that fails the suite (first failure wins)."""
     batch_definition, suite = _gx_validator(rules)
+    # COMPLETE for the failing row indices; the pandas query text and sample values GX
+    # would also build are not read (skipping them saves ~15% of a call)
     result = batch_definition.get_batch(batch_parameters={"dataframe": features}).validate(
-        suite, result_format={"result_format": "COMPLETE"})
+        suite, result_format={"result_format": "COMPLETE", "return_unexpected_index_query": False,
+                              "partial_unexpected_count": 0})
     failures: dict[int, tuple[int, str]] = {}
     for outcome in result.results:
         if outcome.success:
