@@ -177,11 +177,8 @@ def _stage_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: 
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    with open(path, "rb") as handle:  # one reused buffer, the GIL released while hashing
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 @task(name="ingest-file", retries=2, retry_delay_seconds=[2, 10], task_run_name="ingest {uri}")
