@@ -10,6 +10,9 @@ and small: a float, a repeated key, a broken line) and clean lines of a shape th
 process has not judged yet. Up to `defer_lines` of them wait; past that a chunk
 handles its own (its slow lines through the full query, its new shapes through GX).
 
+Repeats within the batch are found per chunk; repeats of logs already in the lake are
+found once, when the batch commits (`quarantine_lake_repeats`, `drop_lake_repeats`).
+
 Memory per chunk stays in DuckDB or Arrow; only distinct feature rows and the odd bad
 line reach Python.
 """

@@ -141,10 +141,9 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
     # the hex id as DuckDB's lower(hex(...)) spells it, one C call for the whole chunk
     table = table.append_column("log_id", pa.LargeStringArray.from_buffers(
         rows, pa.py_buffer(np.arange(0, 64 * rows + 1, 64, dtype=np.int64)), pa.py_buffer(binascii.hexlify(ids))))
-    clean = table.column("clean").combine_chunks()
     stamps = np.frombuffer(b"".join(p[3] for p in parts), dtype=np.int64)
-    table = table.append_column("ts", pa.TimestampArray.from_buffers(
-        pa.timestamp("us", tz="UTC"), rows, [clean.buffers()[1], pa.py_buffer(stamps)], offset=clean.offset))
+    unclean = np.frombuffer(b"".join(p[0][0] for p in parts), dtype=np.uint8) == 0
+    table = table.append_column("ts", pa.array(stamps, pa.timestamp("us", tz="UTC"), mask=unclean))
     for i, name in enumerate(_TEXT_COLUMNS):
         table = table.append_column(name, pa.chunked_array([_text_array(p[2][i]) for p in parts],
                                                            pa.large_string()))
