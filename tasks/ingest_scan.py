@@ -129,8 +129,9 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
         row += len(raw)
     parts = list(_POOL.map(lambda args: _logscan.scan(*args, *limits), work))
     table = chunk
-    for i, name in enumerate(_BYTE_COLUMNS):
-        values = np.frombuffer(b"".join(p[0][i] for p in parts), dtype=np.uint8)
+    flags = {name: np.frombuffer(b"".join(p[0][i] for p in parts), dtype=np.uint8)
+             for i, name in enumerate(_BYTE_COLUMNS)}
+    for name, values in flags.items():
         table = table.append_column(name, pa.array(values.astype(bool) if name in _FLAGS else values))
     ids, rows = b"".join(p[1] for p in parts), chunk.num_rows
     # k1, k2: the digest's first 16 bytes as big-endian integers, the repeat keys of
@@ -142,8 +143,7 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
     table = table.append_column("log_id", pa.LargeStringArray.from_buffers(
         rows, pa.py_buffer(np.arange(0, 64 * rows + 1, 64, dtype=np.int64)), pa.py_buffer(binascii.hexlify(ids))))
     stamps = np.frombuffer(b"".join(p[3] for p in parts), dtype=np.int64)
-    unclean = np.frombuffer(b"".join(p[0][0] for p in parts), dtype=np.uint8) == 0
-    table = table.append_column("ts", pa.array(stamps, pa.timestamp("us", tz="UTC"), mask=unclean))
+    table = table.append_column("ts", pa.array(stamps, pa.timestamp("us", tz="UTC"), mask=flags["clean"] == 0))
     for i, name in enumerate(_TEXT_COLUMNS):
         table = table.append_column(name, pa.chunked_array([_text_array(p[2][i]) for p in parts],
                                                            pa.large_string()))
