@@ -29,9 +29,10 @@ from tasks import _logscan
 from tasks.ingest_lines import read_chunks
 from tasks.log_checks import LogRules
 
-# Order of the scanner's outputs (tasks/logscan.c: the B_* and S_* enums).
+# Order of the scanner's outputs (tasks/logscan.c: the B_* and S_* enums). The decoded
+# ts text (None here) only feeds the scanner's own conversion, which comes back as "ts".
 _BYTE_COLUMNS = ("clean", "c_id", "c_meta", "c_verifier", "c_detail", "answer_ok", "code_ok", "schema_ok")
-_TEXT_COLUMNS = ("request_id", "ts_text", "model", "domain", "verifier", "response", "failure_kind",
+_TEXT_COLUMNS = ("request_id", None, "model", "domain", "verifier", "response", "failure_kind",
                  "failure_detail", "messages", "reference", "meta")
 _FLAGS = ("clean", "answer_ok", "code_ok", "schema_ok")
 LINE_COLUMNS = ["line_no", "raw", "nbytes", "utf8_ok"]
@@ -145,6 +146,8 @@ def scan_lines(chunk: pa.Table, rules: LogRules) -> pa.Table:
     stamps = np.frombuffer(b"".join(p[3] for p in parts), dtype=np.int64)
     table = table.append_column("ts", pa.array(stamps, pa.timestamp("us", tz="UTC"), mask=flags["clean"] == 0))
     for i, name in enumerate(_TEXT_COLUMNS):
+        if name is None:
+            continue
         table = table.append_column(name, pa.chunked_array([_text_array(p[2][i]) for p in parts],
                                                            pa.large_string()))
     return table
