@@ -27,7 +27,7 @@ NATIVE := $(VENV)/.native
 install: system $(STAMP) $(NATIVE)
 
 # bubblewrap isolates verifier code; chromium takes the UI test's screenshots; a C
-# compiler and OpenSSL's headers build ingest's line scanner (tasks/logscan.c).
+# compiler and OpenSSL's headers build ingest's line scanner (tasks/ingest/native/logscan.c).
 # apt only runs when one is missing.
 system:
 	@command -v bwrap >/dev/null && command -v chromium >/dev/null && command -v cc >/dev/null && \
@@ -46,8 +46,8 @@ $(STAMP): pyproject.toml constraints.txt
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation -c constraints.txt deepspeed
 	touch $(STAMP)
 
-# The editable install builds tasks/_logscan*.so in place; rebuild it when its C changes.
-$(NATIVE): tasks/logscan.c $(wildcard tasks/logscan_*.h) $(STAMP)
+# The editable install builds tasks/ingest/native/_logscan*.so in place; rebuild it when its C changes.
+$(NATIVE): tasks/ingest/native/logscan.c $(wildcard tasks/ingest/native/logscan_*.h) $(STAMP)
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	touch $(NATIVE)
 

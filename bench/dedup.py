@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks import decontaminate, minhash  # noqa: E402
-from tasks.normalize import strong_tokens  # noqa: E402
+from tasks.curate.similarity.normalize import strong_tokens  # noqa: E402
 
 
 def make_vocabulary(rng: np.random.Generator, size: int) -> np.ndarray:

@@ -30,8 +30,8 @@ from trainer.engine import EngineConfig, generate  # noqa: E402
 from trainer.grpo import GRPOConfig  # noqa: E402
 from trainer.job import TrainJob, read_metrics, write_job  # noqa: E402
 from trainer.launch import run_training  # noqa: E402
-from trainer.model import init_model  # noqa: E402
-from trainer.sft import SFTConfig, run_sft  # noqa: E402
+from flows.demo.tiny_model import init_model  # noqa: E402
+from flows.demo.sft import SFTConfig, run_sft  # noqa: E402
 
 
 def prompt(a: int, b: int) -> list[dict]:

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from storage.lake import open_lake  # noqa: E402
 from storage.settings import LakeSettings  # noqa: E402
-from tasks.demo_data import DemoDataConfig, generate_demo_data  # noqa: E402
-from tasks.ingest import IngestConfig, ingest_file  # noqa: E402
-from tasks.ingest_features import feature_sql  # noqa: E402
-from tasks.ingest_lines import read_chunks  # noqa: E402
-from tasks.log_checks import forget_verdicts  # noqa: E402
+from flows.demo.data.generate import DemoDataConfig, generate_demo_data  # noqa: E402
+from tasks.ingest.batch import IngestConfig, ingest_file  # noqa: E402
+from tasks.ingest.features import feature_sql  # noqa: E402
+from tasks.ingest.lines import read_chunks  # noqa: E402
+from tasks.ingest.checks import forget_verdicts  # noqa: E402
 
 
 def make_file(folder: Path, logs: int) -> Path:

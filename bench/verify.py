@@ -3,8 +3,8 @@
 The same N small code verifications (a function and a few asserts) run:
   1. bare `python3 -I -S -c PROGRAM`, one subprocess per run, no isolation (the baseline),
      serially and on 2 threads;
-  2. `verifiers.sandbox.run_python(PROGRAM)`, fully isolated, serially and on 2 threads;
-  3. through Dask on 2 worker processes: `tasks.verify.verify_rollouts` on
+  2. `verifiers.sandbox.runner.run_python(PROGRAM)`, fully isolated, serially and on 2 threads;
+  3. through Dask on 2 worker processes: `tasks.round.scoring.verify_rollouts` on
      {verifier: "code", spec, completion} rows (the code verifier wraps each program in
      its nonce harness), against a LocalCluster started and warmed before timing.
 Absolute times on a shared 2-core machine mean little; the ratios are the result. The
@@ -29,7 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from verifiers.sandbox import SandboxConfig, run_python, shutdown  # noqa: E402
+from verifiers.sandbox.runner import SandboxConfig, run_python, shutdown  # noqa: E402
 
 PYTHON = os.path.realpath(sys.executable)
 
@@ -89,7 +89,7 @@ def run_way(fn, items: list, threads: int) -> tuple[float, float]:
 def dask_way(cases: list[dict]):
     """A warm 2-worker LocalCluster and a function that verifies a chunk of cases on it.
 
-    Uses tasks.verify.verify_rollouts (the code verifier, with its nonce harness) when it
+    Uses tasks.round.scoring.verify_rollouts (the code verifier, with its nonce harness) when it
     exists, else maps run_python over the cluster; yields (runner, description).
     """
     from distributed import Client, LocalCluster
@@ -97,12 +97,12 @@ def dask_way(cases: list[dict]):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
                       silence_logs=40) as cluster, Client(cluster) as client:
         try:
-            from tasks.verify import verify_rollouts
+            from tasks.round.scoring import verify_rollouts
             from verifiers.registry import VerifierConfig
         except ImportError:
             def run_chunk(chunk: list[dict]) -> bool:
                 return all(client.gather(client.map(run_sandboxed, [c["program"] for c in chunk], pure=False)))
-            how = "run_python mapped over a LocalCluster (tasks.verify.verify_rollouts missing)"
+            how = "run_python mapped over a LocalCluster (tasks.round.scoring.verify_rollouts missing)"
         else:
             config = VerifierConfig()
 
@@ -112,7 +112,7 @@ def dask_way(cases: list[dict]):
                 verdicts = verify_rollouts(rows, config, scheduler_address=cluster.scheduler_address,
                                            batch_size=max(1, len(rows) // 2), progress=False)
                 return all(v["passed"] for v in verdicts)
-            how = "tasks.verify.verify_rollouts, code verifier, warm LocalCluster"
+            how = "tasks.round.scoring.verify_rollouts, code verifier, warm LocalCluster"
         assert run_chunk(cases[:8]), "dask warm-up failed"  # starts each worker's sandbox pool
         yield run_chunk, how
 

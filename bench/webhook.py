@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.signatures import sign  # noqa: E402
+from flows.webhook.signatures import sign  # noqa: E402
 
 
 def run_phase(requests: list[tuple[str, bytes, dict]], concurrency: int) -> dict:

@@ -8,7 +8,7 @@ Adding a deployment is adding one entry to `DEPLOYMENTS`.
 
 A flow module that does not exist yet is skipped with a log line; any other import
 error is a bug and propagates. This module does not talk to the server:
-flows/serve_cmd.py registers what `load_deployments` returns.
+flows/cli/serve.py registers what `load_deployments` returns.
 """
 from __future__ import annotations
 

@@ -26,10 +26,10 @@ from prefect.runtime import flow_run
 from flows.evaluate_params import EvaluateParams
 from storage.config_file import lake_settings
 from storage.lake import open_lake
-from tasks.cycle_tasks import evaluate_task, promote_task
-from tasks.gate import GateConfig
-from tasks.model_store import ModelNotFound, newest_candidate, production_version
-from tasks.reports import evaluation_table
+from tasks.cycle.prefect_tasks import evaluate_task, promote_task
+from tasks.release.gate import GateConfig
+from tasks.release.models import ModelNotFound, newest_candidate, production_version
+from tasks.reports.cycle_report import evaluation_table
 
 
 # No retries: a model that is not in the lake will not appear on a second try.

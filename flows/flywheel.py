@@ -1,7 +1,7 @@
 """The flywheel cycle: one Prefect flow, the pipeline in order.
 
 ingest new landing files -> curate -> (rollout -> verify -> train) x rounds
--> evaluate -> promote -> report. Each stage is a Prefect task (tasks/cycle_tasks.py)
+-> evaluate -> promote -> report. Each stage is a Prefect task (tasks/cycle/prefect_tasks.py)
 that records its completion in `cycle_stages`; rerunning a cycle with the same
 cycle_id continues from the first stage that did not finish. A stage that still
 fails after its retries marks the cycle `failed` with the reason (the flow's
@@ -14,7 +14,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.cycle_params import CycleParams
-from tasks.cycle_tasks import (begin_task, curate_task, evaluate_task, finish_task, ingest_landing_task,
+from tasks.cycle.prefect_tasks import (begin_task, curate_task, evaluate_task, finish_task, ingest_landing_task,
                                mark_failed, promote_task, report_task, rollout_task, train_task,
                                verify_task)
 

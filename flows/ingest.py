@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.ingest import BatchResult, IngestConfig, ingest_file_task
-from tasks.ingest_sources import discover_task
+from tasks.ingest.batch import BatchResult, IngestConfig, ingest_file_task
+from tasks.ingest.sources import discover_task
 
 
 @flow(name="ingest", log_prints=True)

@@ -66,7 +66,7 @@ def lake_settings(toml: dict[str, Any] | None = None) -> LakeSettings:
 
 def parse_env_value(raw: str, hint: Any, name: str) -> Any:
     """A variable's value for a field typed `hint`, also for the hints nested configs use
-    (tasks/cycle_config.py): `X | None` reads as X, a Literal as its values' type, a
+    (tasks/cycle/config.py): `X | None` reads as X, a Literal as its values' type, a
     Mapping as a dict (JSON)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):

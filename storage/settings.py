@@ -37,7 +37,7 @@ class LakeSettings:
     """Key prefix where serving stacks drop failure logs."""
     duckdb_memory_limit: str = "1GB"
     """DuckDB's buffer pool cap per connection. An ingest holds one chunk's derived rows
-    (tasks/ingest.py bounds that), so a 1,000,000-line file peaks at ~0.77 GB resident
+    (tasks/ingest/batch.py bounds that), so a 1,000,000-line file peaks at ~0.77 GB resident
     either way; at 256MB DuckDB spilled those rows to disk and ingest ran 1.5x slower."""
     duckdb_threads: int = 2
 

@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from trainer.grpo import (append_metrics, deepspeed_config, score_rows, step_metrics, timed,
                           train_step, truncate_metrics)
-from trainer.job import TrainJob, checkpoint_dir, latest_tag, metrics_path, model_dir, read_job
-from trainer.model import copy_tokenizer_files
+from trainer.job import (TrainJob, checkpoint_dir, copy_tokenizer_files, latest_tag, metrics_path, model_dir,
+                         read_job)
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 
 SUM_KEYS = ("loss", "kl", "clip_frac", "entropy", "tokens", "all_tokens")

@@ -7,7 +7,7 @@ ranks, and calls the pure loss of trainer.loss; normalisers are computed from gl
 counts, so the result does not depend on the number of processes. Before the first
 step the base policy's own logprobs of every sample are computed once (pi_old for the
 PPO ratio and TIS), which also makes a resumed run see exactly the same targets.
-Not here: sampling (trainer.engine), reading the lake (tasks/train.py), the launcher.
+Not here: sampling (trainer.engine), reading the lake (tasks/round/train.py), the launcher.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ the same job and it continues from its newest checkpoint.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -86,3 +87,11 @@ def latest_tag(ckpt_dir: Path, required: bool) -> str | None:
         raise CheckpointError(f"{latest} names checkpoint {tag!r} but {ckpt_dir / tag} is missing; "
                               "delete 'latest' to restart from the base model")
     return tag
+
+
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """Copy all but weights and model config (tokenizer, chat template) into a new folder."""
+    for f in Path(src).iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.startswith("model") \
+                and not f.name.endswith((".safetensors", ".bin", ".pt")):
+            shutil.copy2(f, Path(dst) / f.name)

@@ -5,7 +5,7 @@ A rollouts file (Parquet or JSON lines) has one row per sample with the columns 
 returned for each completion token, the verifier's reward and status. Samples of one
 task form a GRPO group. A malformed file raises `RolloutDataError` naming the row and
 column at fault, before any model is loaded. Not here: the loss, reading the lake
-(tasks/train.py exports a snapshot of the tables to this file).
+(tasks/round/train.py exports a snapshot of the tables to this file).
 """
 
 from __future__ import annotations

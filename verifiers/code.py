@@ -28,7 +28,7 @@ import secrets
 from pathlib import Path
 
 from verifiers.code_harness import RESULT_MARK
-from verifiers.sandbox import RunResult, SandboxConfig, SandboxUnavailable, run_python
+from verifiers.sandbox.runner import RunResult, SandboxConfig, SandboxUnavailable, run_python
 from verifiers.verdict import Verdict, failed
 
 _HARNESS_SOURCE = Path(__file__).with_name("code_harness.py").read_text()

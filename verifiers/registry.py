@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from verifiers import code, exact, json_schema, math
-from verifiers.sandbox import SandboxConfig
+from verifiers.sandbox.runner import SandboxConfig
 from verifiers.verdict import Verdict, failed
 
 VERIFIERS: dict[str, Callable[..., Verdict]] = {
@@ -35,7 +35,7 @@ class VerifierConfig:
 
     domain_map: domain of a log or eval item -> verifier name (a row may name its
         verifier explicitly instead).
-    sandbox: isolation and limits for running code (see verifiers/sandbox.py).
+    sandbox: isolation and limits for running code (see verifiers/sandbox/runner.py).
     math_timeout_s: wall-clock bound on one math-verify comparison.
     """
 

@@ -136,7 +136,7 @@ def register_in_process(server: PrefectServer, workdir: Path, schedule=None) -> 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.deployments import ScheduleConfig
-    from flows.serve_cmd import register_deployments
+    from flows.cli.serve import register_deployments
     from storage.settings import LakeSettings
 
     with temporary_settings({PREFECT_API_URL: server.api_url}):
@@ -218,8 +218,8 @@ def seed_lake(settings, workdir: Path) -> tuple[str, str]:
     (a few logs for the ingest deployment, arithmetic failures for the cycle)."""
     from storage.lake import open_lake
     from storage.objects import ObjectStore
-    from tasks.evalsets import register_evalset
-    from tasks.model_store import register_model
+    from tasks.curate.evalsets import register_evalset
+    from tasks.release.models import register_model
     from tests.flows.test_flywheel import _log, warm_policy
     from tests.tasks.logs import write_logs
 
@@ -246,7 +246,7 @@ def seed_lake(settings, workdir: Path) -> tuple[str, str]:
 
 
 def signed_post(url: str, payload: dict) -> dict:
-    from flows.signatures import sign
+    from flows.webhook.signatures import sign
 
     body = json.dumps(payload).encode()
     resp = httpx.post(url, content=body, timeout=60,

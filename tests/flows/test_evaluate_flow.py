@@ -22,10 +22,10 @@ ITEMS, SAMPLES = 6, 2
 @pytest.fixture(scope="module")
 def eval_home(tmp_path_factory):
     """A lake with a production model, a newer candidate of it, and one evaluation set."""
-    from tasks.evalsets import register_evalset
-    from tasks.model_store import folder_version, register_model
-    from tasks.train import model_row
-    from trainer.model import ModelConfig, init_model
+    from tasks.curate.evalsets import register_evalset
+    from tasks.release.models import folder_version, register_model
+    from tasks.round.train import model_row
+    from flows.demo.tiny_model import ModelConfig, init_model
 
     home = tmp_path_factory.mktemp("evaluate") / "home"
     settings = LakeSettings(home=home)
@@ -117,7 +117,7 @@ def test_scores_the_newest_candidate_against_production_and_changes_nothing(eval
 
 def test_production_itself_or_an_unknown_model_is_refused(eval_home, run_in):
     from flows.evaluate import EvaluateParams, evaluate_flow
-    from tasks.model_store import ModelNotFound
+    from tasks.release.models import ModelNotFound
 
     with pytest.raises(ValueError, match="is the production model"):
         evaluate_flow(EvaluateParams(policy_version=eval_home["production"]))

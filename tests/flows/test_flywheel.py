@@ -65,8 +65,8 @@ def warm_policy(folder: Path) -> tuple[list[tuple[int, int]], list[tuple[int, in
     The cheapest recipe that gives groups with reward variance: a 2-layer tiny Llama and 60
     flat-rate steps (the default 4 layers with warm-up need hundreds of steps to get there).
     """
-    from trainer.model import ModelConfig, init_model
-    from trainer.sft import SFTConfig, run_sft
+    from flows.demo.tiny_model import ModelConfig, init_model
+    from flows.demo.sft import SFTConfig, run_sft
 
     rng = random.Random(5)
     pairs = sorted({(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(400)})
@@ -82,8 +82,8 @@ def warm_policy(folder: Path) -> tuple[list[tuple[int, int]], list[tuple[int, in
 @pytest.fixture(scope="module")
 def cycle_home(tmp_path_factory):
     """A lake with a production model, an eval set and one landing file."""
-    from tasks.evalsets import register_evalset
-    from tasks.model_store import register_model
+    from tasks.curate.evalsets import register_evalset
+    from tasks.release.models import register_model
 
     home = tmp_path_factory.mktemp("cycle") / "home"
     settings = LakeSettings(home=home)

@@ -66,4 +66,4 @@ def test_a_signed_post_runs_a_whole_cycle_on_the_gpu_pool(stack_run, prefect_ser
                                       "GROUP BY 1", [cycle_id]))
     assert set(evaluated) == {version, production[0][0]}
     # the evaluate stage verified on the native Dask worker, not on a cluster of its own
-    assert "verify" in stack_run.dask_task_prefixes  # tasks.verify keys batches verify-<run>-<i>-try<n>
+    assert "verify" in stack_run.dask_task_prefixes  # tasks.round.scoring keys batches verify-<run>-<i>-try<n>

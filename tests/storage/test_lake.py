@@ -150,7 +150,7 @@ _PG_WRITER = textwrap.dedent("""
     from pathlib import Path
     from storage.lake import open_lake
     from storage.settings import LakeSettings
-    from tasks.ingest import IngestConfig, ingest_file
+    from tasks.ingest.batch import IngestConfig, ingest_file
     settings = LakeSettings(home=sys.argv[1], catalog_dsn=sys.argv[2])
     con = open_lake(settings)
     results = [ingest_file(con, Path(p), p, IngestConfig(chunk_lines=1000), "pg").__dict__ for p in sys.argv[3:]]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer.engine import EngineConfig, generate
-from trainer.model import init_model
+from flows.demo.tiny_model import init_model
 
 # One thread per process: the machine's cores are shared by many processes, and torch's
 # OpenMP threads slow ~40x once they outnumber the free cores. Subprocesses inherit it.

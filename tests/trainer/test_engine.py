@@ -1,7 +1,7 @@
 import pytest
 
 from trainer.engine import EngineConfig, generate, generate_vllm, generate_vllm_each, score_tokens
-from trainer.model import ModelConfig, init_model
+from flows.demo.tiny_model import ModelConfig, init_model
 from tests.trainer.conftest import addition_prompt
 
 PROMPTS = [addition_prompt(12, 34), addition_prompt(56, 7), [{"role": "user", "content": "Say hi\n  twice"}]]

@@ -9,7 +9,7 @@ from trainer.engine import EngineConfig, generate
 from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
 from trainer.launch import run_training
-from trainer.sft import SFTConfig, run_sft
+from flows.demo.sft import SFTConfig, run_sft
 
 
 def mean_reward(model_dir, problems, cfg):

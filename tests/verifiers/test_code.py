@@ -1,7 +1,7 @@
 import pytest
 
 from verifiers import code
-from verifiers.sandbox import SandboxConfig
+from verifiers.sandbox.runner import SandboxConfig
 
 SPEC = {
     "entry_point": "add",

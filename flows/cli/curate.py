@@ -1,0 +1,34 @@
+"""`flywheel curate`: decide every undecided failure log (task, or the reason it is not)."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import duckdb
+import typer
+from rich.console import Console
+
+from storage.config_file import ConfigError, lake_settings
+from storage.lake import LakeError, open_lake
+from tasks.curate.curation import CurateConfig, curate
+
+
+def curate_command(
+    cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
+) -> None:
+    """Dedup, decontaminate and self-test new failure logs; write tasks and decisions."""
+    console = Console()
+    cfg = CurateConfig()
+    try:
+        con = open_lake(lake_settings())
+        counts = curate(con, cfg, cycle_id)
+        covered = con.execute("SELECT count(DISTINCT (eval_set, item_id)) FROM lake.eval_coverage").fetchone()[0]
+    except (ConfigError, LakeError, duckdb.Error) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"curated {counts.logs:,} logs in {counts.seconds:.1f}s: kept {counts.kept:,} · "
+                  f"duplicate {counts.duplicate:,} · near duplicate {counts.near_duplicate:,} · "
+                  f"contaminated {counts.contaminated:,} · unverifiable {counts.unverifiable:,}")
+    if covered:
+        console.print(f"[yellow]{covered:,} eval items are covered by tasks in the lake[/yellow] "
+                      f"({counts.coverage_rows:,} new rows): flywheel sql \"SELECT * FROM eval_coverage\"")
+    console.print("why: flywheel sql \"SELECT decision, evidence FROM decisions WHERE log_id = '...'\"")

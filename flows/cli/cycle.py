@@ -1,0 +1,48 @@
+"""`flywheel cycle` runs one cycle now; `flywheel model register DIR` sets the starting model."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+
+def cycle_command(
+    cycle_id: Annotated[str | None, typer.Option(help="Reuse a failed cycle's id to resume it.")] = None,
+    landing: Annotated[list[str] | None, typer.Option(help="Override the landing path (repeatable).")] = None,
+    rounds: Annotated[int, typer.Option(min=1)] = 1,
+    tasks_per_round: Annotated[int, typer.Option(min=1)] = 64,
+    samples_per_task: Annotated[int, typer.Option(min=2)] = 8,
+) -> None:
+    """Run one flywheel cycle: ingest -> curate -> (rollout -> verify -> train) x rounds -> evaluate -> promote."""
+    from storage.config_file import ConfigError
+    from tasks.cycle.config import cycle_config
+
+    try:
+        cycle_config()  # fail fast on a bad [cycle] in flywheel.toml, before Prefect starts
+    except ConfigError as exc:
+        Console().print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.flywheel import CycleParams, flywheel_cycle
+
+    summary = flywheel_cycle(CycleParams(cycle_id=cycle_id, landing=landing or [], rounds=rounds,
+                                         tasks_per_round=tasks_per_round, samples_per_task=samples_per_task))
+    Console().print(summary)
+
+
+def model_register_command(
+    model_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="A Hugging Face model folder.")],
+    reason: Annotated[str, typer.Option(help="Recorded in models.reason.")] = "registered by hand",
+) -> None:
+    """Record a model folder as the production model the next cycle starts from."""
+    from storage.config_file import lake_settings
+    from storage.lake import open_lake
+    from tasks.release.models import register_model
+
+    settings = lake_settings()
+    con = open_lake(settings)
+    version = register_model(con, settings, model_dir, reason)
+    Console().print(f"production model: {version}")

@@ -1,0 +1,55 @@
+"""`flywheel evalset add NAME FILE.jsonl` and `flywheel evalset list`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import duckdb
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from storage.config_file import ConfigError, lake_settings
+from storage.lake import LakeError, open_lake
+from tasks.curate.evalsets import EvalsetError, list_evalsets, register_evalset
+
+evalset_app = typer.Typer(help="Register and list evaluation sets (decontamination compares against them).",
+                          no_args_is_help=True)
+
+
+@evalset_app.command("add")
+def add_command(
+    name: Annotated[str, typer.Argument(help="Name of the evaluation set, e.g. math.")],
+    file: Annotated[Path, typer.Argument(help="JSONL: one {id, domain, prompt, reference, verifier?} per line.",
+                                         exists=True, dir_okay=False, readable=True)],
+    cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
+) -> None:
+    """Register FILE as the newest version of NAME; the same file twice is a no-op."""
+    console = Console()
+    try:
+        con = open_lake(lake_settings())
+        result = register_evalset(con, name, file, cycle_id=cycle_id)
+    except (EvalsetError, ConfigError, LakeError, duckdb.Error) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if result.added:
+        console.print(f"[green]registered[/green] {name} version {result.eval_version[:12]}: {result.items:,} items")
+    else:
+        console.print(f"[yellow]already registered[/yellow] {name} version {result.eval_version[:12]} "
+                      f"({result.items:,} items): nothing written")
+
+
+@evalset_app.command("list")
+def list_command() -> None:
+    """Every registered version of every evaluation set."""
+    console = Console()
+    try:
+        rows = list_evalsets(open_lake(lake_settings()))
+    except (ConfigError, LakeError, duckdb.Error) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    table = Table("eval_set", "eval_version", "items", "added_at", "latest")
+    for r in rows:
+        table.add_row(r["eval_set"], r["eval_version"][:12], f"{r['items']:,}", str(r["added_at"]),
+                      "yes" if r["latest"] else "")
+    console.print(table if rows else "no evaluation sets registered")

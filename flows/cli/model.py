@@ -1,0 +1,65 @@
+"""`flywheel model list|promote`: what models exist, and the manual override (and rollback).
+
+`list` shows every model with its parent, status, latest pass@1 and the reason of its
+status. `promote VERSION` makes VERSION the production model whatever the gate said
+(tasks.release.promote records it as a manual decision); promoting an older model is the rollback.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import duckdb
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from storage.config_file import ConfigError, lake_settings
+from storage.lake import LakeError, open_lake
+from tasks.release.promote import ModelError, list_models, promote
+
+
+def model_list_command() -> None:
+    """Versions, parents, statuses and headline pass@1 of every model."""
+    console = Console()
+    try:
+        con = open_lake(lake_settings(), read_only=True)
+        try:
+            rows = list_models(con)
+        finally:
+            con.close()
+    except (ConfigError, LakeError, duckdb.Error) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    table = Table(title="models")
+    for name in ("version", "parent", "status", "pass@1", "evaluated in", "reason"):
+        table.add_column(name, overflow="fold")
+    for r in rows:
+        score = "-" if r["pass@1"] is None else f"{r['pass@1']:.3f}"
+        table.add_row(r["policy_version"], r["parent_version"] or "-", r["status"], score,
+                      r["evaluated_in"] or "-", r["reason"] or "")
+    console.print(table if rows else "no models yet (flywheel model init, then a cycle)")
+
+
+def model_promote_command(
+    version: Annotated[str, typer.Argument(help="The policy_version to make production.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why; stored with the model.")] = "no reason given",
+) -> None:
+    """Make VERSION the production model by hand (override or rollback), recorded as manual."""
+    console = Console()
+    try:
+        con = open_lake(lake_settings())
+        try:
+            result = promote(con, version, reason, manual=True)
+        finally:
+            con.close()
+    except ModelError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except (ConfigError, LakeError, duckdb.Error) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not result.changed:
+        console.print(f"{version} already is the production model; nothing changed")
+        return
+    retired = ", ".join(result.previous) or "none"
+    console.print(f"{version} is now the production model (manual override); retired: {retired}")

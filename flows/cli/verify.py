@@ -1,0 +1,81 @@
+"""`flywheel verify IN.jsonl [--out OUT.jsonl]`: re-score completions, e.g. after a verifier fix.
+
+Each input line is {"verifier": ..., "spec": {...}, "completion": "..."} (or "domain"
+instead of "verifier"; an optional "id" or "rollout_id" is echoed). Each output line is
+that row's verdict (reward, passed, status, components, detail, verifier, latency_ms),
+in input order. A line that is not a JSON object becomes a format_error verdict line
+saying why: one bad line never stops the file. Blank lines are skipped.
+
+Serial by default. `--dask` fans out on DASK_SCHEDULER_ADDRESS, else on a LocalCluster
+started for the call; its worker processes re-import this CLI (multiprocessing spawn),
+which costs several seconds here, so for repeated use point DASK_SCHEDULER_ADDRESS at a
+running scheduler.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+from tasks.round.scoring import verify_rollouts, verify_row
+from verifiers.registry import VerifierConfig
+from verifiers.verdict import failed
+
+
+def parse_line(line: str, line_no: int) -> tuple[dict | None, dict | None]:
+    """(row, None) for a usable line, else (None, the error verdict line)."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        reason = f"line {line_no}: not JSON ({error.msg} at column {error.colno})"
+    else:
+        if isinstance(row, dict):
+            return row, None
+        reason = f"line {line_no}: expected a JSON object, got {type(row).__name__}"
+    verdict_line = failed("format_error", reason).to_dict()
+    verdict_line.update({"verifier": "", "latency_ms": 0.0, "line": line_no})
+    return None, verdict_line
+
+
+def verify_lines(lines: list[str], config: VerifierConfig, *, dask: bool, batch_size: int,
+                 workers: int, progress: bool) -> list[dict]:
+    """One output dict per non-blank input line, in order."""
+    parsed = [parse_line(line, no) for no, line in enumerate(lines, 1) if line.strip()]
+    rows = [row for row, _ in parsed if row is not None]
+    if dask:
+        verdicts = iter(verify_rollouts(rows, config, batch_size=batch_size, progress=progress,
+                                        n_workers=workers))
+    else:
+        verdicts = (verify_row(row, config) for row in rows)
+    return [error if row is None else next(verdicts) for row, error in parsed]
+
+
+def verify_command(
+    input_path: Path = typer.Argument(..., metavar="IN.jsonl", exists=True, dir_okay=False,
+                                      help="rows of {verifier, spec, completion}"),
+    out: Path = typer.Option(None, "--out", "-o", help="write verdict lines here (default: stdout)"),
+    dask: bool = typer.Option(False, "--dask", help="fan out on Dask (DASK_SCHEDULER_ADDRESS or a LocalCluster)"),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="rows per Dask task"),
+    workers: int = typer.Option(2, "--workers", min=1, help="LocalCluster worker processes (no external scheduler)"),
+) -> None:
+    """Verify completions from a JSONL file; one verdict line per input line, in order."""
+    if dask:
+        # This terminal is for verdicts and the progress bar, not the scheduler's diary.
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+    lines = input_path.read_text(encoding="utf-8").splitlines()
+    results = verify_lines(lines, VerifierConfig(), dask=dask, batch_size=batch_size, workers=workers,
+                           progress=dask and out is not None)
+    text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in results)
+    if out is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()  # before the summary on stderr, so a terminal shows them in order
+    else:
+        out.write_text(text, encoding="utf-8")
+    counts = Counter(r["status"] for r in results)
+    passed = sum(r["passed"] for r in results)
+    summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+    typer.echo(f"verified {len(results)} rows: {passed} passed ({summary})", err=True)

@@ -1,0 +1,297 @@
+"""Curation: every undecided failure log becomes a task or a recorded reason why not.
+
+For each log (in arrival order: ts, then log_id) one decision, tested in this order:
+- contaminated: its prompt copies an item of any registered evaluation set, any version
+  (`tasks.curate.decontaminate`; evidence names the item and the n-gram or similarity);
+- unverifiable: no verifier for it, or its verifier fails the gold self-test on its
+  own reference (evidence: the verdict's status and detail);
+- duplicate: its normalised prompt (`tasks.curate.similarity.normalize.content_hash`, which is also the
+  task id) is already a task, from an earlier cycle or earlier in this batch;
+- near_duplicate: word-shingle Jaccard >= the MinHash threshold with an existing task
+  or an earlier kept log of this batch (LSH candidates, exact Jaccard verified);
+- kept: it becomes a task.
+Dedup compares only against *kept* tasks, greedily in arrival order (each log joins
+the most similar earlier task, or founds its own). Unlike connected components, that
+rule gives the same decisions whether logs arrive in one cycle or many, because a log's
+fate depends only on the tasks that existed before it.
+
+The other direction too: evaluation items that tasks of earlier cycles already copy
+(`tasks.curate.coverage`; they matter when a set is registered after those tasks) become
+`eval_coverage` rows, each (item version, task) once.
+
+Everything is written in one DuckLake commit (tasks, decisions, eval coverage, and
+signatures when the lake has a `minhash_signatures` table), so a crash writes nothing
+and a rerun decides only the logs still undecided.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import duckdb
+import jsonschema
+import numpy as np
+import pyarrow as pa
+
+from storage.lake import append_rows, transaction
+from storage.schemas import DECISIONS, SCHEMAS
+from tasks.curate import coverage
+from tasks.curate import decontaminate
+from tasks.curate.similarity import minhash
+from tasks.curate.evalsets import all_eval_prompts, prompt_text
+from tasks.curate.similarity.normalize import content_hash, tokenize_batch
+from verifiers.registry import VerifierConfig, self_test
+from verifiers.verdict import Verdict
+
+SIGNATURES_TABLE = "minhash_signatures"
+
+
+@dataclass(frozen=True)
+class CurateConfig:
+    """minhash: near-duplicate settings. decontam: evaluation-leak settings.
+    verifiers: which verifier a domain uses. self_test_workers: gold self-tests run
+    concurrently (code ones wait on a sandbox process)."""
+
+    minhash: minhash.MinHashConfig = field(default_factory=minhash.MinHashConfig)
+    decontam: decontaminate.DecontamConfig = field(default_factory=decontaminate.DecontamConfig)
+    verifiers: VerifierConfig = field(default_factory=VerifierConfig)
+    self_test_workers: int = 4
+
+    def __post_init__(self) -> None:
+        if self.self_test_workers < 1:
+            raise ValueError(f"self_test_workers must be >= 1, got {self.self_test_workers}")
+
+
+@dataclass(frozen=True)
+class CurationCounts:
+    logs: int
+    kept: int
+    duplicate: int
+    near_duplicate: int
+    contaminated: int
+    unverifiable: int
+    coverage_rows: int  # eval_coverage rows this run added
+    seconds: float
+
+
+@dataclass
+class Candidate:
+    log_id: str
+    domain: str | None
+    messages: list[dict]
+    prompt: str
+    spec: dict
+    task_id: str
+    verifier: str | None = None
+    verifier_problem: str | None = None
+    decision: str | None = None
+    evidence: dict = field(default_factory=dict)
+    decided_task: str | None = None
+
+
+def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> list[Candidate]:
+    """Logs without a decision, oldest first, as candidate tasks."""
+    rows = con.execute("""
+        SELECT log_id, domain, verifier, messages, reference FROM lake.failure_logs f
+        WHERE NOT EXISTS (SELECT 1 FROM lake.decisions d WHERE d.log_id = f.log_id)
+        QUALIFY row_number() OVER (PARTITION BY log_id ORDER BY ts) = 1
+        ORDER BY ts, log_id""").fetchall()
+    out = []
+    for log_id, domain, verifier, messages, reference in rows:
+        parsed = json.loads(messages)
+        prompt = prompt_text(parsed)
+        cand = Candidate(log_id, domain, parsed, prompt, json.loads(reference), content_hash(prompt))
+        try:
+            cand.verifier = cfg.verifiers.verifier_for(domain, verifier)
+        except ValueError as exc:
+            cand.verifier_problem = str(exc)
+        out.append(cand)
+    return out
+
+
+def mark_contaminated(cands: list[Candidate], index: decontaminate.EvalIndex | None,
+                      cfg: CurateConfig) -> None:
+    if index is None or not cands:
+        return
+    for hit in decontaminate.find_contamination([c.prompt for c in cands], index, cfg.decontam):
+        cand = cands[hit.record]
+        cand.decision, cand.evidence = "contaminated", hit.evidence
+
+
+def mark_unverifiable(cands: list[Candidate], cfg: CurateConfig) -> None:
+    """Gold self-test once per distinct (verifier, spec); failures are unverifiable."""
+    for cand in cands:
+        if cand.decision is None and cand.verifier_problem:
+            cand.decision, cand.evidence = "unverifiable", {"reason": cand.verifier_problem}
+    todo = [c for c in cands if c.decision is None]
+    keys = {(c.verifier, json.dumps(c.spec, sort_keys=True)) for c in todo}
+    with ThreadPoolExecutor(cfg.self_test_workers) as pool:
+        verdicts = dict(zip(keys, pool.map(lambda key: _self_test(key[0], json.loads(key[1]), cfg), keys)))
+    for cand in todo:
+        verdict = verdicts[(cand.verifier, json.dumps(cand.spec, sort_keys=True))]
+        if not verdict.passed:
+            cand.decision = "unverifiable"
+            cand.evidence = {"verifier": cand.verifier, "status": verdict.status, "detail": verdict.detail}
+
+
+def _self_test(verifier: str, spec: dict, cfg: CurateConfig) -> Verdict:
+    # DESIGN.md gives JSON tasks a reference of {"schema": ...} alone, and the registry's
+    # self-test needs an example answer, so such a task could never pass. Until the
+    # registry checks schema-only specs itself (as it checks code specs without a
+    # solution), a well-formed schema is what proves the task usable.
+    if verifier == "json_schema" and "answer" not in spec and isinstance(spec.get("schema"), dict):
+        try:
+            jsonschema.validators.validator_for(spec["schema"]).check_schema(spec["schema"])
+        except jsonschema.SchemaError as exc:
+            return Verdict(reward=0.0, passed=False, status="format_error", detail=f"invalid schema: {exc.message}")
+        return Verdict(reward=1.0, passed=True, status="ok", detail="no answer: schema is well-formed")
+    return self_test(verifier, spec, cfg.verifiers)
+
+
+@dataclass(frozen=True)
+class ExistingTasks:
+    task_ids: list[str]
+    prompts: list[str]
+    keys: np.ndarray  # (n, bands) band keys
+
+
+def load_existing(con: duckdb.DuckDBPyConnection, cfg: minhash.MinHashConfig) -> ExistingTasks:
+    """Every task, with band keys from persisted signatures where the lake has them."""
+    rows = con.execute("SELECT task_id, prompt FROM lake.tasks ORDER BY created_at, task_id").fetchall()
+    task_ids, prompts = [r[0] for r in rows], [r[1] for r in rows]
+    sigs = np.empty((len(rows), cfg.num_perm), dtype=np.uint32)
+    have = np.zeros(len(rows), dtype=bool)
+    if SIGNATURES_TABLE in SCHEMAS and rows:
+        stored = con.execute(f"SELECT task_id, signature FROM lake.{SIGNATURES_TABLE} WHERE scheme = ?",
+                             [cfg.scheme]).fetchall()
+        where = {t: i for i, t in enumerate(task_ids)}
+        for task_id, blob in stored:
+            if task_id in where:
+                sigs[where[task_id]] = np.frombuffer(blob, dtype="<u4")
+                have[where[task_id]] = True
+    missing = np.flatnonzero(~have)
+    if missing.size:  # tasks written before signatures were kept, or under another scheme
+        sigs[missing] = minhash.sketch_texts([prompts[i] for i in missing], cfg).signatures
+    return ExistingTasks(task_ids, prompts, minhash.band_keys(sigs, cfg))
+
+
+def _verified_pairs(cands: list[Candidate], existing: ExistingTasks, cfg: minhash.MinHashConfig):
+    """(within-batch pairs i<j with Jaccard, batch-vs-existing pairs with Jaccard), verified."""
+    new = minhash.sketch_texts([c.prompt for c in cands], cfg)
+    inner = minhash.candidate_pairs(new.keys, cfg)
+    inner_sims = minhash.exact_jaccard(new.shingles, new.shingles, inner)
+    outer = minhash.probe_pairs(new.keys, existing.keys) if existing.task_ids else np.empty((0, 2), np.int64)
+    needed = np.unique(outer[:, 1])
+    old_shingles = minhash.shingle_batch(tokenize_batch([existing.prompts[i] for i in needed]), cfg.ngram)
+    local = np.stack([outer[:, 0], np.searchsorted(needed, outer[:, 1])], 1)
+    outer_sims = minhash.exact_jaccard(new.shingles, old_shingles, local)
+    keep_in, keep_out = inner_sims >= cfg.threshold, outer_sims >= cfg.threshold
+    return (inner[keep_in], inner_sims[keep_in], outer[keep_out], outer_sims[keep_out], new.signatures)
+
+
+def mark_duplicates(cands: list[Candidate], existing: ExistingTasks,
+                    cfg: minhash.MinHashConfig) -> np.ndarray:
+    """Exact then near duplicates among the still-undecided candidates, greedily in order.
+
+    Returns the signatures of the candidates (rows of `cands`, zeros for decided ones).
+    """
+    pool = [i for i, c in enumerate(cands) if c.decision is None]
+    sigs = np.zeros((len(cands), cfg.num_perm), dtype=np.uint32)
+    if not pool:
+        return sigs
+    inner, inner_sims, outer, outer_sims, pool_sigs = _verified_pairs([cands[i] for i in pool], existing, cfg)
+    sigs[pool] = pool_sigs
+    partners: dict[int, list[tuple[float, str, int]]] = {}
+    for (k, t), s in zip(outer.tolist(), outer_sims.tolist()):
+        partners.setdefault(k, []).append((s, existing.task_ids[t], -1))
+    for (a, b), s in zip(inner.tolist(), inner_sims.tolist()):
+        partners.setdefault(b, []).append((s, cands[pool[a]].task_id, a))
+    tasks = set(existing.task_ids)
+    kept_pool: set[int] = set()
+    for k, i in enumerate(pool):
+        cand = cands[i]
+        if cand.task_id in tasks:
+            cand.decision, cand.decided_task = "duplicate", cand.task_id
+            cand.evidence = {"task_id": cand.task_id, "method": "exact"}
+            continue
+        near = [(s, t) for s, t, a in partners.get(k, []) if a == -1 or a in kept_pool]
+        if near:
+            s, t = max(near, key=lambda x: (x[0], x[1]))
+            cand.decision, cand.decided_task = "near_duplicate", t
+            cand.evidence = {"task_id": t, "similarity": round(s, 4), "method": "minhash"}
+            continue
+        cand.decision, cand.decided_task = "kept", cand.task_id
+        tasks.add(cand.task_id)
+        kept_pool.add(k)
+    return sigs
+
+
+def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: np.ndarray,
+                  covered: pa.Table, cfg: CurateConfig, cycle_id: str, now: datetime) -> None:
+    kept = [c for c in cands if c.decision == "kept"]
+    sources: dict[str, list[str]] = {c.task_id: [c.log_id] for c in kept}
+    for c in cands:
+        if c.decision == "duplicate" and c.decided_task in sources:
+            sources[c.decided_task].append(c.log_id)
+    tasks = pa.Table.from_pylist([{
+        "task_id": c.task_id, "domain": c.domain, "prompt": c.prompt, "messages": json.dumps(c.messages),
+        "verifier": c.verifier, "spec": json.dumps(c.spec, sort_keys=True),
+        "source_log_ids": sources[c.task_id], "created_at": now, "cycle_id": cycle_id} for c in kept],
+        schema=SCHEMAS["tasks"])
+    decisions = pa.Table.from_pylist([{
+        "log_id": c.log_id, "decision": c.decision, "evidence": json.dumps(c.evidence, sort_keys=True),
+        "task_id": c.decided_task, "decided_at": now, "cycle_id": cycle_id} for c in cands],
+        schema=SCHEMAS["decisions"])
+    message = f"curate {cycle_id}: {len(kept)} tasks from {len(cands)} logs, {covered.num_rows} eval coverage rows"
+    with transaction(con, message):
+        append_rows(con, "tasks", tasks)
+        append_rows(con, "decisions", decisions)
+        append_rows(con, coverage.COVERAGE_TABLE, covered)
+        if SIGNATURES_TABLE in SCHEMAS:
+            rows = [{"task_id": c.task_id, "scheme": cfg.minhash.scheme,
+                     "signature": sigs[i].astype("<u4").tobytes(), "cycle_id": cycle_id}
+                    for i, c in enumerate(cands) if c.decision == "kept"]
+            append_rows(con, SIGNATURES_TABLE, pa.Table.from_pylist(rows, schema=SCHEMAS[SIGNATURES_TABLE]))
+
+
+def eval_index(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> decontaminate.EvalIndex | None:
+    items = [decontaminate.EvalItem(*row) for row in all_eval_prompts(con)]
+    return decontaminate.build_eval_index(items, cfg.decontam) if items else None
+
+
+def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> CurationCounts:
+    """Decide every undecided log and record eval items that earlier tasks cover; write
+    tasks, decisions and coverage in one commit."""
+    started, now = time.perf_counter(), datetime.now(timezone.utc)
+    cands = load_undecided(con, cfg)
+    catalog = coverage.load_catalog(con, cfg.decontam)
+    mark_contaminated(cands, catalog.index if catalog else None, cfg)
+    mark_unverifiable(cands, cfg)
+    existing = load_existing(con, cfg.minhash)
+    sigs = mark_duplicates(cands, existing, cfg.minhash)
+    # this run's new tasks were just checked against every item, so only earlier ones can cover
+    covered = coverage.new_coverage_rows(
+        con, coverage.find_coverage(catalog, existing.task_ids, existing.prompts, cfg.decontam), cycle_id, now)
+    if cands or covered.num_rows:
+        write_results(con, cands, sigs, covered, cfg, cycle_id, now)
+    count = {kind: sum(c.decision == kind for c in cands) for kind in DECISIONS}
+    return CurationCounts(logs=len(cands), coverage_rows=covered.num_rows,
+                          seconds=time.perf_counter() - started, **count)
+
+
+def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
+                       exclude_cycle: str | None = None) -> list[dict]:
+    """Eval items already covered by tasks (of cycles other than `exclude_cycle`):
+    one row per (item, covering task) with the decontamination evidence, computed now.
+    `curate` records the same relation, per item version, in the `eval_coverage` table."""
+    index = eval_index(con, cfg)
+    rows = con.execute("SELECT task_id, prompt FROM lake.tasks WHERE cycle_id IS DISTINCT FROM ? "
+                       "ORDER BY task_id", [exclude_cycle]).fetchall()
+    if index is None or not rows:
+        return []
+    hits = decontaminate.find_contamination([r[1] for r in rows], index, cfg.decontam)
+    return [{"eval_set": h.evidence["eval_set"], "item_id": h.evidence["item_id"],
+             "task_id": rows[h.record][0], "evidence": h.evidence} for h in hits]

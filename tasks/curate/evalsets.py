@@ -1,0 +1,138 @@
+"""Evaluation sets in the lake: register a JSONL file as a version of a named set.
+
+A version is the sha256 of the file's bytes (`eval_version`): registering the same
+bytes again writes nothing, changed bytes add a new version beside the old ones, which
+stay queryable (`SELECT ... WHERE eval_version = ...`). Rows are `{"id", "domain",
+"prompt", "reference", "verifier"?}` where the prompt is a string or chat messages.
+Decontamination compares against every version ever registered: an item that was in an
+old version may still be in someone's evaluation.
+
+This module does not score anything; `tasks.curate.curation` and the evaluation stage read
+`eval_items`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from storage.lake import append_rows, transaction
+from storage.schemas import SCHEMAS
+from verifiers.registry import VerifierConfig
+
+
+class EvalsetError(ValueError):
+    """An evaluation file cannot be registered; the message names the line and the fix."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    eval_set: str
+    eval_version: str
+    items: int
+    added: bool  # False: this exact file was registered before, nothing written
+
+
+def prompt_text(prompt: str | list[dict]) -> str:
+    """The text that is compared: a string prompt, or every message's content in order."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(m["content"] for m in prompt)
+
+
+def _messages(prompt, where: str) -> list[dict]:
+    if isinstance(prompt, str) and prompt.strip():
+        return [{"role": "user", "content": prompt}]
+    if (isinstance(prompt, list) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt)):
+        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+    raise EvalsetError(f"{where}: prompt must be a non-empty string or a list of "
+                       '{"role", "content"} messages')
+
+
+def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]:
+    """One dict per non-blank line, with the columns of eval_items (minus bookkeeping)."""
+    rows, seen = [], set()
+    for line_no, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{name} line {line_no}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EvalsetError(f"{where}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("id"), (str, int)):
+            raise EvalsetError(f'{where}: expected an object with an "id"')
+        if not isinstance(row.get("reference"), dict):
+            raise EvalsetError(f'{where}: "reference" must be a JSON object')
+        item_id = str(row["id"])
+        if item_id in seen:
+            raise EvalsetError(f"{where}: id {item_id!r} appears twice")
+        seen.add(item_id)
+        messages = _messages(row.get("prompt"), where)
+        try:
+            verifier = verifiers.verifier_for(row.get("domain"), row.get("verifier"))
+        except ValueError as exc:
+            raise EvalsetError(f"{where}: {exc}") from None
+        rows.append({"item_id": item_id, "domain": row.get("domain"), "prompt": prompt_text(messages),
+                     "messages": json.dumps(messages), "reference": json.dumps(row["reference"]),
+                     "verifier": verifier})
+    if not rows:
+        raise EvalsetError(f"{name}: no items")
+    return rows
+
+
+def register_evalset(con: duckdb.DuckDBPyConnection, name: str, path: str | Path, *,
+                     cycle_id: str = "manual", verifiers: VerifierConfig | None = None) -> Registration:
+    """Add FILE as the newest version of evaluation set NAME (no-op if already there)."""
+    if not name or not name.strip():
+        raise EvalsetError("the evaluation set needs a name")
+    data = Path(path).read_bytes()
+    version = hashlib.sha256(data).hexdigest()
+    known = con.execute("SELECT count(*) FROM lake.eval_items WHERE eval_set = ? AND eval_version = ?",
+                        [name, version]).fetchone()[0]
+    if known:
+        return Registration(name, version, int(known), added=False)
+    rows = parse_items(data, str(path), verifiers or VerifierConfig())
+    now = datetime.now(timezone.utc)
+    table = pa.Table.from_pylist(
+        [{**r, "eval_set": name, "eval_version": version, "added_at": now, "cycle_id": cycle_id}
+         for r in rows], schema=SCHEMAS["eval_items"])
+    with transaction(con, f"evalset add {name} {version[:12]}"):
+        append_rows(con, "eval_items", table)
+    return Registration(name, version, len(rows), added=True)
+
+
+def list_evalsets(con: duckdb.DuckDBPyConnection) -> list[dict]:
+    """Every registered version, newest first within a set; `latest` marks the newest."""
+    rows = con.execute("""
+        SELECT eval_set, eval_version, count(*) AS items, min(added_at) AS added_at
+        FROM lake.eval_items GROUP BY eval_set, eval_version
+        ORDER BY eval_set, added_at DESC, eval_version""").fetchall()
+    out, seen = [], set()
+    for eval_set, version, items, added_at in rows:
+        out.append({"eval_set": eval_set, "eval_version": version, "items": int(items),
+                    "added_at": added_at, "latest": eval_set not in seen})
+        seen.add(eval_set)
+    return out
+
+
+def all_eval_prompts(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str]]:
+    """(eval_set, item_id, prompt) of every item of every version, each distinct prompt once."""
+    return [tuple(r) for r in con.execute("""
+        SELECT DISTINCT eval_set, item_id, prompt FROM lake.eval_items
+        ORDER BY eval_set, item_id, prompt""").fetchall()]
+
+
+def eval_prompt_versions(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str, list[str]]]:
+    """`all_eval_prompts`, in the same order, each with the versions that hold it."""
+    return [(s, i, p, list(v)) for s, i, p, v in con.execute("""
+        SELECT eval_set, item_id, prompt, list(DISTINCT eval_version ORDER BY eval_version)
+        FROM lake.eval_items GROUP BY eval_set, item_id, prompt
+        ORDER BY eval_set, item_id, prompt""").fetchall()]

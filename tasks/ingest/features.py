@@ -1,0 +1,129 @@
+"""Per-line features for the Great Expectations suite, derived by DuckDB in one query.
+
+DuckDB parses every line once (yyjson, in C++) and derives one row per line: byte
+size, JSON-ness, field types, roles, content lengths, reference shape (the columns
+the suite in tasks/ingest/checks.py checks), and beside them the `failure_logs`
+columns, so nothing is parsed twice and Python never loops over lines.
+
+Speed matters here (this query is most of an ingest's time), hence three habits:
+a type is read from the first character of the re-serialised (minified) JSON value
+instead of parsing the value again; a nested value (messages, reference, failure)
+is parsed once for all its checks; and strings are compared as JSON text where that
+is exact. Nothing here decides validity; the suite does.
+"""
+from __future__ import annotations
+
+from tasks.ingest.checks import OPTIONAL_TYPES, REQUIRED_FIELDS, REQUIRED_TYPES, ROLES, SCALAR_TYPES, LogRules
+
+# Top-level fields pulled out of each line in one parse; later expressions read these
+# small JSON values instead of re-parsing the whole line for every check.
+FIELDS = ("id", "ts", "model", "domain", "verifier", "messages", "response", "failure", "reference", "meta")
+# Columns of feature_sql's result that only feed failure_logs; GX checks the others.
+LOG_ONLY = ("log_id", "request_id", "ts", "model", "messages", "response", "failure_kind", "failure_detail",
+            "reference", "meta")
+# What reference checks read, in this order: ref_v[1..5] in feature_sql.
+_REF_KEYS = ("answer", "entry_point", "tests", "solution", "schema")
+
+
+def json_type_sql(value: str) -> str:
+    """json_type(value) for DuckDB-serialised JSON: the first character names the type
+    (json_extract writes minified JSON); only numbers need the parser (BIGINT/UBIGINT/DOUBLE)."""
+    return (f"CASE left({value}, 1) WHEN '\"' THEN 'VARCHAR' WHEN '{{' THEN 'OBJECT' WHEN '[' THEN 'ARRAY' "
+            f"WHEN 'n' THEN 'NULL' WHEN 't' THEN 'BOOLEAN' WHEN 'f' THEN 'BOOLEAN' ELSE json_type({value}) END")
+
+
+def feature_sql(rules: LogRules, source: str) -> str:
+    """Per line of `source` (line_no, raw, nbytes, utf8_ok): GX features and failure_logs fields.
+
+    A line that is not JSON makes try() yield NULL instead of failing the whole query.
+    Each nested value is parsed once more, and only when it has the right type: the
+    messages into (role, content) JSON pairs, the reference into the keys verifiers
+    read, the failure into kind and detail.
+    """
+    paths = ", ".join(f"'$.{f}'" for f in FIELDS)
+    fields = ", ".join(f"v[{i + 1}] AS f_{name}" for i, name in enumerate(FIELDS))
+    no_field = " AND ".join(f"v[{i + 1}] IS NULL" for i in range(len(FIELDS)))
+    of_failure = {"failure_kind": "fk[1]", "failure_detail": "fk[2]"}
+    types = ",\n  ".join(f"{json_type_sql(of_failure.get(name) or f'f_{name}')} AS t_{name}"
+                         for name in {**REQUIRED_TYPES, **OPTIONAL_TYPES})
+    missing = " + ".join(f"(f_{name} IS NULL)::INT" for name in REQUIRED_FIELDS)
+    ref_paths = ", ".join(f"'$.{k}'" for k in _REF_KEYS)
+    return f"""
+WITH parsed AS (
+  SELECT line_no, utf8_ok, nbytes, raw, try(json_extract(raw, [{paths}])) AS v FROM {source}
+), fields AS (
+  SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AS is_json,
+    CASE WHEN v IS NULL THEN 'INVALID' WHEN {no_field} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
+    {fields}
+  FROM parsed
+), nested AS (
+  SELECT *,
+  CASE WHEN top_type = 'OBJECT' THEN {missing} ELSE 0 END AS n_missing,
+  -- an item that is not an object yields NULL role and content, so it fails the type check
+  CASE WHEN left(f_messages, 1) = '[' THEN json_transform(f_messages, '[{{"role":"JSON","content":"JSON"}}]') END AS msgs,
+  CASE WHEN left(f_reference, 1) = '{{' THEN json_extract(f_reference, [{ref_paths}]) END AS ref_v,
+  CASE WHEN left(f_failure, 1) = '{{' THEN json_extract(f_failure, ['$.kind', '$.detail']) END AS fk,
+  f_domain ->> '$' AS domain, f_verifier ->> '$' AS verifier, f_response ->> '$' AS response,
+  TRY_CAST(f_ts ->> '$' AS TIMESTAMPTZ) AS ts
+  FROM fields
+), typed AS (
+  SELECT *, {types},
+  CASE WHEN f_messages IS NOT NULL THEN coalesce(len(msgs), 0) END AS n_messages,
+  list_transform(msgs, m -> m.role) AS roles_json,
+  list_transform(msgs, m -> json_extract_string(m.content, '$')) AS contents,
+  coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier
+  FROM nested
+)
+SELECT line_no, utf8_ok, is_json, top_type,
+  nbytes <= {rules.max_line_bytes} AS size_ok,
+  n_missing = 0 AS has_required,
+  {", ".join(f"t_{n}" for n in {**REQUIRED_TYPES, **OPTIONAL_TYPES})},
+  {_messages_sql(rules)},
+  domain, verifier,
+  {_reference_sql()} AS reference_ok,
+  ts IS NOT NULL AS ts_ok,
+  -- failure_logs fields; log_id hashes the known fields as DuckDB re-serialises them,
+  -- so whitespace and key order do not change it and unknown extra keys do not count
+  sha256(v::VARCHAR) AS log_id,
+  f_id ->> '$' AS request_id, ts, f_model ->> '$' AS model,
+  f_messages::VARCHAR AS messages, response,
+  fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
+  f_reference::VARCHAR AS reference,
+  CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
+FROM typed
+"""
+
+
+def _verifier_of_domain(rules: LogRules) -> str:
+    return " ".join(f"WHEN '{d}' THEN '{v}'" for d, v in rules.domain_map.items())
+
+
+def _messages_sql(rules: LogRules) -> str:
+    # Roles are compared as JSON text: DuckDB writes strings minimally escaped, so
+    # '"user"' is exactly the value user however the line spelled it.
+    roles = ", ".join(f"'\"{r}\"'" for r in ROLES)
+    # trim() strips spaces only, so "c has a non-space character" is regexp '[^ ]'
+    return f"""CASE WHEN t_messages = 'ARRAY' THEN
+    list_bool_and(list_transform(msgs, m -> left(m.role, 1) = '"' AND left(m.content, 1) = '"')) END
+    AS messages_well_typed,
+  list_bool_and(list_transform(roles_json, r -> r IN ({roles}))) AS roles_ok,
+  n_messages >= 1 AND list_bool_and(list_transform(contents, c -> regexp_matches(c, '[^ ]')))
+    AND list_contains(roles_json, '"user"') AS content_ok,
+  n_messages <= {rules.max_messages}
+    AND coalesce(list_sum(list_transform(contents, c -> length(c))), 0) <= {rules.max_content_chars}
+    AND coalesce(length(response), 0) <= {rules.max_response_chars} AS size_limits_ok"""
+
+
+def _reference_sql() -> str:
+    """Whether the reference has what the line's verifier needs (ref_v = its values by _REF_KEYS)."""
+    scalar = ", ".join(repr(t) for t in SCALAR_TYPES)
+    answer, entry_point, tests, solution, schema = (json_type_sql(f"ref_v[{i + 1}]") for i in range(len(_REF_KEYS)))
+    return f"""CASE eff_verifier
+    WHEN 'math' THEN coalesce({answer} IN ({scalar}), false)
+    WHEN 'exact' THEN coalesce({answer} IN ({scalar}), false)
+    WHEN 'code' THEN coalesce({entry_point} = 'VARCHAR'
+         AND regexp_full_match(ref_v[2] ->> '$', '[A-Za-z_][A-Za-z0-9_]*')
+         AND {tests} = 'VARCHAR' AND contains(ref_v[3] ->> '$', 'def check')
+         AND coalesce({solution}, 'VARCHAR') = 'VARCHAR', false)
+    WHEN 'json_schema' THEN coalesce({schema} = 'OBJECT', false)
+  END"""

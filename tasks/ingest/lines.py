@@ -1,0 +1,130 @@
+"""Split a landed file into numbered lines as Arrow tables, without a Python loop per line.
+
+A block of the file is read at once; memchr finds the newlines and the Arrow array
+of lines is a zero-copy view of the block (each value keeps its line ending, which
+JSON parsing skips as whitespace; `nbytes` is the length without it). Blank lines
+are dropped but still counted, so `line_no` is the line's number in the file.
+Undecodable UTF-8 becomes a visible U+FFFD (flagged in `utf8_ok`, so validation
+quarantines the line) instead of aborting the batch.
+
+Only the lines themselves are decided here; what makes a line valid is tasks/ingest/checks.py.
+"""
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.ingest.native import _logscan
+
+# bytes.isspace(): a line of only these is blank, and blank lines separate records
+_SPACE = np.array([0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D], dtype=np.uint8)
+
+
+def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
+    """(table of line_no, raw, nbytes, utf8_ok; bytes read so far) per step.
+
+    A step holds at most `chunk_lines` non-blank lines and about `chunk_bytes` bytes.
+    """
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+        size = probe.seek(0, 2)
+    # A plain file is read in equal blocks of at most chunk_bytes: no small last step,
+    # whose fixed costs would buy few lines (its length is unknown inside a .gz).
+    block_bytes = chunk_bytes if gzipped else -(-size // max(1, -(-size // chunk_bytes)))
+    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
+        next_no, consumed, carry = 1, 0, b""
+        while block := handle.read(block_bytes):
+            consumed += len(block)
+            ends = newlines(block)
+            if not len(ends):  # a line longer than a block
+                carry += block
+                continue
+            parts = []
+            if carry:  # the line begun in the previous block; the rest stays a view of this one
+                head = carry + block[:ends[0] + 1]
+                lines, next_no = split_lines(head, np.array([len(head) - 1]), 0, next_no)
+                parts.append(lines)
+            lines, next_no = split_lines(block, ends[1:] if carry else ends,
+                                         int(ends[0]) + 1 if carry else 0, next_no)
+            parts.append(lines)
+            carry = block[ends[-1] + 1:]
+            yield from _steps(pa.concat_tables(parts), chunk_lines, consumed)
+        if carry:  # the file's last line has no newline
+            lines, _ = split_lines(carry, np.array([len(carry)]), 0, next_no)
+            yield from _steps(lines, chunk_lines, consumed)
+
+
+def newlines(block: bytes) -> np.ndarray:
+    """Positions of b"\\n" in block (memchr, in tasks/ingest/native/logscan.c)."""
+    return np.frombuffer(_logscan.newlines(block), dtype=np.int64)
+
+
+def _steps(lines: pa.Table, chunk_lines: int, consumed: int) -> Iterator[tuple[pa.Table, int]]:
+    for start in range(0, lines.num_rows, chunk_lines):
+        yield lines.slice(start, chunk_lines), consumed
+
+
+def split_lines(data: bytes, ends: np.ndarray, first: int, first_no: int) -> tuple[pa.Table, int]:
+    """The non-blank lines of data[first:], which end at `ends` (newlines or the data's end).
+
+    Returns them and the number of the line after them.
+    """
+    if not len(ends):
+        return _decode(pa.table({"line_no": pa.array([], pa.int64()), "raw": pa.array([], pa.large_binary()),
+                                 "nbytes": pa.array([], pa.int64())})), first_no
+    buf = np.frombuffer(data, dtype=np.uint8)
+    starts = np.concatenate(([first], ends[:-1] + 1))
+    stops = _strip_carriage_returns(buf, starts, ends) if data.find(b"\r", first) >= 0 else ends
+    keep = _non_blank(data, buf, starts, stops)
+    # Each value runs from its start to the next line's start (line ending included),
+    # so the block itself is the values buffer.
+    offsets = np.append(starts, min(int(ends[-1]) + 1, len(data))).astype(np.int64)
+    raw = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts),
+                                           [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    table = pa.table({"line_no": np.arange(first_no, first_no + len(starts), dtype=np.int64),
+                      "raw": raw, "nbytes": (stops - starts).astype(np.int64)})
+    if not keep.all():
+        table = table.filter(pa.array(keep))
+    return _decode(table), first_no + len(starts)
+
+
+def _strip_carriage_returns(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Line ends without trailing \\r (as bytes.rstrip(b"\\r\\n") strips them)."""
+    stops = ends.copy()
+    while True:
+        trailing = (stops > starts) & (buf[np.maximum(stops - 1, 0)] == 0x0D)
+        if not trailing.any():
+            return stops
+        stops[trailing] -= 1
+
+
+def _non_blank(data: bytes, buf: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Lines with a non-whitespace byte; only lines that start with whitespace are looked into."""
+    keep = stops > starts
+    suspects = np.flatnonzero(keep & np.isin(buf[np.minimum(starts, len(buf) - 1)], _SPACE))
+    for i in suspects.tolist():
+        keep[i] = not data[starts[i]:stops[i]].isspace()
+    return keep
+
+
+def _decode(table: pa.Table) -> pa.Table:
+    raw = table.column("raw")
+    try:  # validated in C++; the common case copies nothing
+        text, utf8_ok = raw.cast(pa.large_string()), np.ones(table.num_rows, dtype=bool)
+    except pa.ArrowInvalid:
+        lines = raw.to_pylist()
+        text = pa.array([line.decode("utf-8", errors="replace") for line in lines], pa.large_string())
+        utf8_ok = np.array([_is_utf8(line) for line in lines], dtype=bool)
+    return table.set_column(1, "raw", text).append_column("utf8_ok", pa.array(utf8_ok))
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

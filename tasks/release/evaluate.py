@@ -1,0 +1,327 @@
+"""Evaluate a policy: G samples per evaluation item, scored by the verifiers, honestly.
+
+What is evaluated: the latest version of every registered evaluation set, plus the
+`fresh-failures` set: the kept tasks that `tasks.curate.holdout.is_heldout` keeps out of
+training (of this cycle by default), i.e. the newest failures the model has never
+trained on.
+
+Contamination check, before anything counts: the tasks the policy was trained on are
+those rolled out by any model of its lineage (itself and its ancestors through
+`models.parent_version`; its own rollouts included on purpose, so the check is never
+weaker than what the next round trains on). Each of those task prompts is probed
+against the items with `tasks.curate.decontaminate` (exact, 13-gram overlap, MinHash). An
+item that a training task copies is still generated and scored (its rows carry
+`contaminated`) but left out of every headline number and listed with its evidence.
+`decontaminate.find_contamination` reports one item per training prompt (its
+strongest evidence), so a prompt copying two items flags only one of them.
+
+Scoring: samples whose verdict is `timeout` or `sandbox_error` say nothing about the
+model (DESIGN.md) and are left out of n; an item with no judged sample is unscored.
+pass@1 and pass@k use the unbiased estimator (`tasks.release.passk`), per set and per domain.
+
+Rows go to `evaluations`, one per item x sample, replacing any rows this
+(policy_version, cycle_id) wrote before, in one commit. The generation engine is a
+parameter (`generate_each=`, same signature as `trainer.engine.generate_each`).
+Not here: the comparison of two policies (`tasks.release.gate`).
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from storage.lake import append_rows, transaction
+from storage.schemas import SCHEMAS
+from tasks.curate import decontaminate
+from tasks.release.gate import GateConfig, bootstrap_ci
+from tasks.curate.holdout import is_heldout
+from tasks.release.passk import mean_pass_at_k
+from tasks.round.scoring import FanOut, score_rows
+from trainer import engine
+from verifiers.registry import VerifierConfig
+from verifiers.verdict import INFRA_STATUSES
+
+FRESH_SET = "fresh-failures"
+Generate = Callable[..., list[engine.Sample]]
+GenerateEach = Callable[..., list[list[engine.Sample]]]
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """engine: how to sample (engine.n is G, the samples per item).
+    k: pass@k reported beside pass@1 (needs k <= G).
+    heldout_fraction: share of kept tasks held out as `fresh-failures` (stable hash split).
+    fresh_scope: "cycle" = held-out tasks created by this cycle, "all" = of every cycle.
+    decontam: how an eval item is matched against training tasks.
+    verifiers / fanout / scheduler_address: how verification runs (tasks.round.scoring.score_rows).
+    resamples / confidence / seed: the bootstrap interval of the headline pass@1.
+    """
+
+    engine: engine.EngineConfig = field(default_factory=lambda: engine.EngineConfig(n=8, max_tokens=32))
+    k: int = 4
+    heldout_fraction: float = 0.1
+    fresh_scope: str = "cycle"
+    decontam: decontaminate.DecontamConfig = field(default_factory=decontaminate.DecontamConfig)
+    verifiers: VerifierConfig = field(default_factory=VerifierConfig)
+    fanout: FanOut = field(default_factory=FanOut)
+    scheduler_address: str | None = None
+    resamples: int = 2000
+    confidence: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= self.engine.n:
+            raise ValueError(f"k must be in [1, engine.n={self.engine.n}] (pass@k needs k samples), got {self.k}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in [0, 1), e.g. 0.1, got {self.heldout_fraction}")
+        if self.fresh_scope not in ("cycle", "all"):
+            raise ValueError(f"fresh_scope must be 'cycle' or 'all', got {self.fresh_scope!r}")
+        GateConfig(resamples=self.resamples, confidence=self.confidence)  # same bounds as the gate's
+
+
+@dataclass(frozen=True)
+class Item:
+    eval_set: str
+    eval_version: str | None
+    item_id: str
+    domain: str | None
+    prompt: str
+    messages: list[dict]
+    verifier: str | None
+    spec: dict
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """What one evaluation found; small enough to return from a Prefect task.
+
+    headline: items, unscored, pass@1, its interval (low, high), pass@k, over clean items.
+    sets / domains: the same per evaluation set and per domain.
+    process: tokens per answer, truncation / format-error / timeout / sandbox-error rates.
+    item_scores: per clean item its pass rate (`score`), n judged and c passed: the gate's input.
+    contaminated: excluded items with the training task that copies them and the evidence.
+    """
+
+    policy_version: str
+    cycle_id: str
+    samples: int
+    k: int
+    headline: dict
+    sets: dict
+    domains: dict
+    process: dict
+    item_scores: list[dict]
+    contaminated: list[dict]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def registered_items(con: duckdb.DuckDBPyConnection) -> list[Item]:
+    """Items of the newest version of every registered set (newest as `tasks.curate.evalsets` says)."""
+    rows = con.execute("""
+        WITH versions AS (
+            SELECT eval_set, eval_version FROM lake.eval_items GROUP BY eval_set, eval_version
+            QUALIFY row_number() OVER (PARTITION BY eval_set ORDER BY min(added_at) DESC, eval_version) = 1)
+        SELECT e.eval_set, e.eval_version, e.item_id, e.domain, e.prompt, e.messages, e.verifier, e.reference
+        FROM lake.eval_items e JOIN versions USING (eval_set, eval_version)
+        WHERE e.eval_set <> ? ORDER BY e.eval_set, e.item_id""", [FRESH_SET]).fetchall()
+    return [Item(s, v, i, d, p, json.loads(m), vf, json.loads(r)) for s, v, i, d, p, m, vf, r in rows]
+
+
+def fresh_items(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, cycle_id: str) -> list[Item]:
+    """The held-out kept tasks, as the `fresh-failures` set."""
+    where = "WHERE cycle_id = ?" if cfg.fresh_scope == "cycle" else "WHERE ? IS NOT NULL"
+    rows = con.execute(f"SELECT task_id, domain, prompt, messages, verifier, spec FROM lake.tasks {where} "
+                       "ORDER BY task_id", [cycle_id]).fetchall()
+    return [Item(FRESH_SET, None, t, d, p, json.loads(m), v, json.loads(s))
+            for t, d, p, m, v, s in rows if is_heldout(t, cfg.heldout_fraction)]
+
+
+def lineage(con: duckdb.DuckDBPyConnection, policy_version: str) -> list[str]:
+    """The version and its ancestors, nearest first."""
+    chain, version = [], policy_version
+    while version is not None and version not in chain:
+        chain.append(version)
+        row = con.execute("SELECT parent_version FROM lake.models WHERE policy_version = ? "
+                          "ORDER BY created_at LIMIT 1", [version]).fetchone()
+        version = row[0] if row else None
+    return chain
+
+
+def training_tasks(con: duckdb.DuckDBPyConnection, *versions: str) -> list[tuple[str, str]]:
+    """(task_id, prompt) of every task rolled out by the lineage of any of `versions`."""
+    chain = sorted({v for version in versions for v in lineage(con, version)})
+    return [tuple(r) for r in con.execute("""
+        SELECT task_id, prompt FROM lake.tasks
+        WHERE task_id IN (SELECT task_id FROM lake.rollouts WHERE list_contains(?, policy_version))
+        QUALIFY row_number() OVER (PARTITION BY task_id ORDER BY created_at) = 1
+        ORDER BY task_id""", [chain]).fetchall()]
+
+
+def find_contaminated(items: list[Item], train: list[tuple[str, str]],
+                      cfg: decontaminate.DecontamConfig) -> dict[tuple[str, str], list[dict]]:
+    """(eval_set, item_id) -> the training tasks that copy it, with evidence."""
+    if not items or not train:
+        return {}
+    index = decontaminate.build_eval_index(
+        [decontaminate.EvalItem(i.eval_set, i.item_id, i.prompt) for i in items], cfg)
+    out: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for hit in decontaminate.find_contamination([prompt for _, prompt in train], index, cfg):
+        key = (hit.evidence["eval_set"], hit.evidence["item_id"])
+        out[key].append({"task_id": train[hit.record][0], "evidence": hit.evidence})
+    return dict(out)
+
+
+def score_samples(items: list[Item], samples: list[engine.Sample], cfg: EvalConfig) -> list[dict]:
+    """One verdict dict per sample, in sample order (routed by tasks.round.scoring.score_rows)."""
+    rows = [{"id": k, "verifier": items[s.prompt_idx].verifier, "domain": items[s.prompt_idx].domain,
+             "spec": items[s.prompt_idx].spec, "completion": s.text} for k, s in enumerate(samples)]
+    return score_rows(rows, cfg.verifiers, cfg.fanout, scheduler_address=cfg.scheduler_address)
+
+
+def evaluation_rows(items: list[Item], samples: list[engine.Sample], verdicts: list[dict],
+                    contaminated: set[tuple[str, str]], policy_version: str, cycle_id: str) -> list[dict]:
+    out = []
+    for sample, verdict in zip(samples, verdicts, strict=True):
+        item = items[sample.prompt_idx]
+        out.append({"policy_version": policy_version, "eval_set": item.eval_set, "item_id": item.item_id,
+                    "eval_version": item.eval_version, "domain": item.domain, "sample_idx": sample.sample_idx,
+                    "reward": float(verdict["reward"]), "passed": bool(verdict["passed"]),
+                    "status": verdict["status"], "completion_tokens": len(sample.token_ids),
+                    "finish_reason": sample.finish_reason,
+                    "contaminated": (item.eval_set, item.item_id) in contaminated, "cycle_id": cycle_id})
+    return out
+
+
+def write_evaluations(con: duckdb.DuckDBPyConnection, rows: list[dict], policy_version: str,
+                      cycle_id: str) -> None:
+    """Replace this (policy, cycle)'s rows in one commit, so a rerun leaves no duplicates."""
+    # from_pylist keeps only the schema's columns: `contaminated` and `eval_version` are
+    # written once storage/schemas.py has them, and live in the summary until then.
+    table = pa.Table.from_pylist(rows, schema=SCHEMAS["evaluations"])
+    with transaction(con, f"evaluate {policy_version[:12]} in {cycle_id}: {len(rows)} samples"):
+        con.execute("DELETE FROM lake.evaluations WHERE policy_version = ? AND cycle_id = ?",
+                    [policy_version, cycle_id])
+        append_rows(con, "evaluations", table)
+
+
+def _item_scores(rows: list[dict]) -> list[dict]:
+    """Per item: n judged samples, c passed, score = c / n (None when nothing was judged)."""
+    grouped: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        key = (row["eval_set"], row["item_id"])
+        item = grouped.setdefault(key, {"eval_set": key[0], "item_id": key[1], "domain": row["domain"],
+                                        "n": 0, "c": 0})
+        if row["status"] not in INFRA_STATUSES:
+            item["n"] += 1
+            item["c"] += int(row["passed"])
+    for item in grouped.values():
+        item["score"] = item["c"] / item["n"] if item["n"] else None
+    return list(grouped.values())
+
+
+def _rates(scores: list[dict], k: int, ci: GateConfig | None = None) -> dict:
+    judged = [s for s in scores if s["n"] > 0]
+    n, c = np.array([s["n"] for s in judged]), np.array([s["c"] for s in judged])
+    with_k = n >= k
+    out = {"items": len(judged), "unscored": len(scores) - len(judged),
+           "pass@1": mean_pass_at_k(n, c, 1), f"pass@{k}": mean_pass_at_k(n[with_k], c[with_k], k)}
+    if ci is not None:
+        out["low"], out["high"] = bootstrap_ci([s["score"] for s in judged], ci)
+    return out
+
+
+def process_metrics(rows: list[dict]) -> dict:
+    """How the answers looked, over every sample of the headline items."""
+    total = len(rows)
+    if total == 0:
+        return {"samples": 0}
+    statuses = [r["status"] for r in rows]
+    return {"samples": total,
+            "tokens_per_answer": sum(r["completion_tokens"] for r in rows) / total,
+            "truncation_rate": sum(r["finish_reason"] == "length" for r in rows) / total,
+            "format_error_rate": statuses.count("format_error") / total,
+            "timeout_rate": statuses.count("timeout") / total,
+            "sandbox_error_rate": statuses.count("sandbox_error") / total}
+
+
+def summarize(rows: list[dict], contaminated: dict[tuple[str, str], list[dict]], cfg: EvalConfig,
+              policy_version: str, cycle_id: str) -> EvalSummary:
+    clean = [r for r in rows if not r["contaminated"]]
+    scores = _item_scores(clean)
+    ci = GateConfig(resamples=cfg.resamples, confidence=cfg.confidence, seed=cfg.seed)
+    by_set, by_domain = defaultdict(list), defaultdict(list)
+    for s in scores:
+        by_set[s["eval_set"]].append(s)
+        by_domain[s["domain"] or "unknown"].append(s)
+    excluded = [{"eval_set": key[0], "item_id": key[1], **hit} for key, hits in sorted(contaminated.items())
+                for hit in hits]
+    return EvalSummary(
+        policy_version, cycle_id, cfg.engine.n, cfg.k, headline=_rates(scores, cfg.k, ci),
+        sets={name: _rates(group, cfg.k) for name, group in sorted(by_set.items())},
+        domains={name: _rates(group, cfg.k) for name, group in sorted(by_domain.items())},
+        process=process_metrics(clean), item_scores=[s for s in scores if s["n"] > 0], contaminated=excluded)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A model to evaluate. also_check: other versions whose training tasks also make an
+    item contaminated (production is evaluated with the candidate's, so that both
+    headlines stand on the same clean items; the gate pairs items either way)."""
+
+    model_dir: str
+    version: str
+    also_check: tuple[str, ...] = ()
+
+
+def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_version: str, cfg: EvalConfig,
+                    cycle_id: str, *, also_check: tuple[str, ...] = (),
+                    generate: Generate = engine.generate) -> EvalSummary:
+    """`evaluate_policies` for one model, with a one-model engine (`generate=`)."""
+    generate_each = engine.generate_each if generate is engine.generate else \
+        (lambda runs, engine_cfg: [generate(m, prompts, engine_cfg) for m, prompts in runs])
+    return evaluate_policies(con, [Policy(model_dir, policy_version, also_check)], cfg, cycle_id,
+                             generate_each=generate_each)[0]
+
+
+def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cfg: EvalConfig, cycle_id: str,
+                      *, generate_each: GenerateEach = engine.generate_each) -> list[EvalSummary]:
+    """Sample, check contamination, score, write `evaluations`; one summary per policy.
+
+    All policies are sampled in one engine call: vLLM then starts and warms up once
+    for candidate and production instead of once each.
+    """
+    items = registered_items(con) + fresh_items(con, cfg, cycle_id)
+    plans = []
+    for policy in policies:
+        mine = items
+        if items and generate_each is engine.generate_each:  # longer than the model's context: unscorable
+            fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine)
+            mine = [item for item, ok in zip(items, fits, strict=True) if ok]
+        train = training_tasks(con, policy.version, *policy.also_check)
+        plans.append((policy, mine, find_contaminated(mine, train, cfg.decontam)))
+    sampled = [(policy, mine) for policy, mine, _ in plans if mine]
+    generated = generate_each([(policy.model_dir, [i.messages for i in mine]) for policy, mine in sampled],
+                              cfg.engine) if sampled else []
+    if len(generated) != len(sampled):
+        raise RuntimeError(f"the engine answered {len(generated)} of {len(sampled)} models")
+    outputs = iter(generated)
+    summaries = []
+    for policy, mine, contaminated in plans:
+        rows: list[dict] = []
+        if mine:
+            samples = next(outputs)
+            if len(samples) != len(mine) * cfg.engine.n:
+                raise RuntimeError(f"the engine returned {len(samples)} samples for {len(mine)} items "
+                                   f"x {cfg.engine.n}; expected one per item and sample")
+            verdicts = score_samples(mine, samples, cfg)
+            rows = evaluation_rows(mine, samples, verdicts, set(contaminated), policy.version, cycle_id)
+        write_evaluations(con, rows, policy.version, cycle_id)
+        summaries.append(summarize(rows, contaminated, cfg, policy.version, cycle_id))
+    return summaries

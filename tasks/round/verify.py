@@ -1,0 +1,53 @@
+"""The cycle's verify stage: every unscored rollout of a round gets one verdict row.
+
+Rollouts are joined to their task for the verifier name and spec, scored through
+`tasks.round.scoring.score_rows` (cheap verifiers in-process, sandboxed code fanned out on Dask), and written to
+`verdicts` in one commit. Rollouts that already have a verdict are skipped, so a
+rerun writes nothing twice.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from storage.lake import append_rows, transaction
+from storage.schemas import SCHEMAS
+from tasks.round.scoring import FanOut, score_rows
+from verifiers.registry import VerifierConfig
+
+
+@dataclass(frozen=True)
+class VerifyStageConfig:
+    verifiers: VerifierConfig = field(default_factory=VerifierConfig)
+    fanout: FanOut = field(default_factory=FanOut)
+    """Which rows go to Dask (an external DASK_SCHEDULER_ADDRESS when set, else a LocalCluster)."""
+
+
+_PENDING_SQL = """
+SELECT r.rollout_id, t.verifier, t.spec, r.completion
+FROM lake.rollouts r JOIN lake.tasks t USING (task_id)
+WHERE r.cycle_id = ? AND r.round = ?
+  AND r.rollout_id NOT IN (SELECT rollout_id FROM lake.verdicts)
+ORDER BY r.rollout_id
+"""
+
+
+def verify_stage(con: duckdb.DuckDBPyConnection, cycle_id: str, round_: int, cfg: VerifyStageConfig) -> dict:
+    pending = con.execute(_PENDING_SQL, [cycle_id, round_]).fetchall()
+    rows = [{"rollout_id": rid, "verifier": verifier, "spec": json.loads(spec), "completion": completion}
+            for rid, verifier, spec, completion in pending]
+    results = score_rows(rows, cfg.verifiers, cfg.fanout)
+    table = pa.Table.from_pylist([{
+        "rollout_id": r["rollout_id"], "verifier": r["verifier"], "reward": float(r["reward"]),
+        "passed": bool(r["passed"]), "status": r["status"], "components": json.dumps(r["components"]),
+        "detail": r["detail"], "latency_ms": r.get("latency_ms"), "cycle_id": cycle_id} for r in results],
+        schema=SCHEMAS["verdicts"])
+    with transaction(con, message=f"cycle {cycle_id}: verify round {round_}"):
+        append_rows(con, "verdicts", table)
+    statuses = [r["status"] for r in results]
+    return {"verified": len(results), "passed": sum(bool(r["passed"]) for r in results),
+            "infra_failures": sum(s in ("timeout", "sandbox_error") for s in statuses),
+            "hacking_suspected": statuses.count("hacking_suspected")}

@@ -1,0 +1,39 @@
+"""`flywheel model list|promote` against a real lake."""
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from typer.testing import CliRunner
+
+from flows.cli.app import app
+from storage.lake import append_rows, open_lake, transaction
+from storage.schemas import SCHEMAS
+from storage.settings import LakeSettings
+
+runner = CliRunner()
+
+
+def test_list_then_promote_by_hand(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps table cells at the terminal width
+    con = open_lake(LakeSettings(home=home))
+    rows = [{"policy_version": v, "parent_version": p, "uri": v, "status": s,
+             "created_at": datetime(2026, 12, 1, h, tzinfo=timezone.utc), "cycle_id": "c"}
+            for h, (v, p, s) in enumerate([("base", None, "production"), ("cand", "base", "rejected")])]
+    with transaction(con):
+        append_rows(con, "models", pa.Table.from_pylist(rows, schema=SCHEMAS["models"]))
+    con.close()
+
+    listed = runner.invoke(app, ["model", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "base" in listed.output and "rejected" in listed.output
+
+    done = runner.invoke(app, ["model", "promote", "cand", "--reason", "gate too strict"])
+    assert done.exit_code == 0, done.output
+    assert "cand is now the production model (manual override); retired: base" in done.output
+    listed = runner.invoke(app, ["model", "list"])
+    assert "manual override: gate too strict" in listed.output
+
+    missing = runner.invoke(app, ["model", "promote", "nope"])
+    assert missing.exit_code == 1 and "no model 'nope'" in missing.output

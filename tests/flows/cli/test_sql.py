@@ -1,0 +1,66 @@
+"""`flywheel sql`: reads the lake as a table, CSV or JSON; refuses anything that writes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli.app import app
+from storage.lake import current_snapshot, open_lake
+from tasks.ingest.batch import IngestConfig, ingest_file
+from tests.tasks.logs import MALFORMED, write_logs
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    from storage.settings import LakeSettings
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    con = open_lake(LakeSettings(home=home))
+    path = write_logs(tmp_path / "a.jsonl", 12, extra_lines=[MALFORMED["bad_ts"][0]])
+    ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000), "c1")
+    snapshot = current_snapshot(con)
+    path = write_logs(tmp_path / "b.jsonl", 5, seed=1)
+    ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000), "c2")
+    con.close()
+    return snapshot
+
+
+def test_formats(home):
+    table = runner.invoke(app, ["sql", "SELECT cycle_id, count(*) AS n FROM failure_logs GROUP BY 1 ORDER BY 1"])
+    assert table.exit_code == 0, table.output
+    assert "c1" in table.output and "12" in table.output and "c2" in table.output
+    csv_out = runner.invoke(app, ["sql", "SELECT kind, reason FROM quarantine", "--format", "csv"])
+    assert csv_out.output.splitlines()[0] == "kind,reason"
+    assert csv_out.output.splitlines()[1].startswith("bad_ts,ts 'yesterday' is not an ISO-8601")
+    js = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM lake.failure_logs", "-f", "json"])
+    assert json.loads(js.output) == {"n": 17}
+
+
+def test_snapshot_reads_the_past(home):
+    result = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM failure_logs", "-f", "json",
+                                 "--snapshot", str(home)])
+    assert json.loads(result.output) == {"n": 12}
+
+
+@pytest.mark.parametrize("statement", [
+    "DROP TABLE failure_logs", "DELETE FROM failure_logs", "INSERT INTO quarantine SELECT * FROM quarantine",
+    "UPDATE models SET status = 'production'", "CREATE TABLE x AS SELECT 1", "COPY failure_logs TO 'x.csv'",
+    "CALL ducklake_expire_snapshots('lake', versions => [1])", "SELECT 1; DROP TABLE failure_logs",
+])
+def test_writes_are_refused_with_a_clear_message(home, statement):
+    result = runner.invoke(app, ["sql", statement])
+    assert result.exit_code == 2
+    assert "read-only" in result.output or "exactly one SQL statement" in result.output
+    check = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM failure_logs", "-f", "json"])
+    assert json.loads(check.output) == {"n": 17}
+
+
+def test_a_bad_query_is_an_error_not_a_traceback(home):
+    result = runner.invoke(app, ["sql", "SELECT nope FROM failure_logs"])
+    assert result.exit_code == 2 and "query failed" in result.output and "Traceback" not in result.output

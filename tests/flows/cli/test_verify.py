@@ -1,0 +1,49 @@
+import json
+
+from typer.testing import CliRunner
+
+from flows.cli.app import app
+
+ROWS = [
+    {"id": "m1", "verifier": "math", "spec": {"answer": "\\frac{1}{2}"}, "completion": "so \\boxed{0.5}"},
+    "this line is not JSON",
+    "",
+    [1, 2, 3],
+    {"id": "c1", "domain": "code", "spec": {"entry_point": "f", "tests": "def check(c):\n    assert c() == 1\n"},
+     "completion": "```python\ndef f():\n    return 2\n```"},
+    {"id": "e1", "verifier": "exact", "spec": {"answer": "Paris"}, "completion": "paris"},
+]
+
+
+def write_input(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in ROWS) + "\n")
+    return path
+
+
+def check_lines(lines):
+    assert len(lines) == 5  # one per non-blank input line, in order
+    assert [line.get("id") for line in lines] == ["m1", None, None, "c1", "e1"]
+    assert [line["status"] for line in lines] == ["ok", "format_error", "format_error", "wrong", "ok"]
+    assert "line 2: not JSON" in lines[1]["detail"] and "line 4" in lines[2]["detail"]
+    assert lines[3]["verifier"] == "code" and lines[3]["latency_ms"] > 0
+
+
+def test_verify_writes_one_verdict_line_per_input_line(tmp_path):
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(app, ["verify", str(write_input(tmp_path)), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    check_lines([json.loads(line) for line in out.read_text().splitlines()])
+    assert "verified 5 rows: 2 passed" in result.output
+
+
+def test_verify_to_stdout_through_dask(tmp_path, monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    result = CliRunner().invoke(app, ["verify", str(write_input(tmp_path)), "--dask", "--batch-size", "2", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    check_lines([json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")])
+
+
+def test_missing_input_file_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(app, ["verify", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2

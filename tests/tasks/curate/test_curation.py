@@ -1,0 +1,138 @@
+"""Curation: one decision per log with its evidence, tasks, incremental = one big run."""
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from storage.lake import open_lake
+from storage.settings import LakeSettings
+from tasks.curate.curation import CurateConfig, covered_eval_items, curate
+from flows.demo.data.generate import DemoDataConfig, generate_demo_data
+from tasks.curate.evalsets import register_evalset
+from tasks.ingest.batch import IngestConfig, ingest_file
+
+CFG = CurateConfig()
+STORY = ("Maria buys three notebooks at the corner shop for four dollars each and two pens for one "
+         "dollar each. She pays with a twenty dollar bill. How much change does she get back?")
+LEAKED = ("Omar plants seven rows of tulips with twelve bulbs in each row, and a quarter of the bulbs "
+          "never flower. How many tulips flower?")
+
+
+def _log(i: int, content: str, reference: dict, domain: str = "math") -> dict:
+    return {"id": f"req-{i}", "ts": f"2026-11-30T12:{i:02d}:00Z", "model": "policy-v3", "domain": domain,
+            "messages": [{"role": "user", "content": content}], "response": "no idea",
+            "failure": {"kind": "wrong_answer"}, "reference": reference}
+
+
+def _ingest(con, path: Path, logs: list[dict], cycle: str) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in logs))
+    ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000), cycle)
+
+
+def _decisions(con) -> dict[str, tuple]:
+    rows = con.execute("SELECT f.request_id, d.decision, d.evidence, d.task_id FROM lake.decisions d "
+                       "JOIN lake.failure_logs f USING (log_id)").fetchall()
+    return {r[0]: (r[1], json.loads(r[2]), r[3]) for r in rows}
+
+
+def test_every_decision_kind_with_its_evidence(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    evals = tmp_path / "evals.jsonl"
+    evals.write_text(json.dumps({"id": "e7", "domain": "math", "prompt": LEAKED, "reference": {"answer": "63"}}))
+    register_evalset(con, "school", evals)
+    logs = [
+        _log(1, STORY, {"answer": "3"}),
+        _log(2, "  " + STORY.upper(), {"answer": "3"}),                     # same prompt, reformatted
+        _log(3, STORY.replace("corner shop", "corner store"), {"answer": "3"}),  # one word edited
+        _log(4, "Please answer carefully. " + LEAKED.replace(",", ""), {"answer": "63"}),
+        _log(5, "Return the user as JSON.", {"schema": {"type": "objekt"}}, domain="json"),
+        _log(6, "Write add(a, b).", {"entry_point": "add", "tests": "def check(f):\n    assert f(2, 3) == 5\n",
+                                     "solution": "def add(a, b):\n    return a - b\n"}, domain="code"),
+        _log(7, "What is 17*23?", {"answer": "391"}),
+    ]
+    _ingest(con, tmp_path / "logs.jsonl", logs, "c1")
+    counts = curate(con, CFG, "c1")
+    assert (counts.logs, counts.kept, counts.duplicate, counts.near_duplicate, counts.contaminated,
+            counts.unverifiable) == (7, 2, 1, 1, 1, 2)
+    got = _decisions(con)
+    kept_task = got["req-1"][2]
+    assert got["req-1"][0] == "kept" and got["req-7"][0] == "kept"
+    assert got["req-2"] == ("duplicate", {"method": "exact", "task_id": kept_task}, kept_task)
+    decision, evidence, task = got["req-3"]
+    assert (decision, task, evidence["task_id"]) == ("near_duplicate", kept_task, kept_task)
+    assert evidence["similarity"] >= CFG.minhash.threshold
+    decision, evidence, task = got["req-4"]
+    assert (decision, task, evidence["eval_set"], evidence["item_id"]) == ("contaminated", None, "school", "e7")
+    assert len(evidence["ngram"].split()) == CFG.decontam.ngram
+    assert got["req-5"][0] == "unverifiable" and "invalid schema" in got["req-5"][1]["detail"]
+    assert got["req-6"][0] == "unverifiable" and got["req-6"][1]["status"] == "wrong"
+    tasks = con.execute("SELECT task_id, verifier, source_log_ids FROM lake.tasks ORDER BY verifier").fetchall()
+    assert len(tasks) == 2 and {t[1] for t in tasks} == {"math"}
+    assert len(next(t for t in tasks if t[0] == kept_task)[2]) == 2  # the log and its exact copy
+    assert curate(con, CFG, "c2").logs == 0  # rerun: nothing undecided, nothing written
+
+
+def test_eval_items_covered_by_earlier_tasks_are_reported(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    _ingest(con, tmp_path / "logs.jsonl", [_log(1, LEAKED, {"answer": "63"}), _log(2, STORY, {"answer": "3"})], "c1")
+    curate(con, CFG, "c1")  # no eval set yet: both become tasks
+    evals = tmp_path / "evals.jsonl"
+    evals.write_text(json.dumps({"id": "e7", "domain": "math", "prompt": LEAKED.upper(), "reference": {"answer": "63"}}))
+    register_evalset(con, "school", evals)
+    covered = covered_eval_items(con, CFG, exclude_cycle="c2")
+    assert [(c["eval_set"], c["item_id"], c["evidence"]["method"]) for c in covered] == [("school", "e7", "exact")]
+    assert covered_eval_items(con, CFG, exclude_cycle="c1") == []
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """Demo data, its logs cut in two files at the median timestamp (two cycles' landings)."""
+    out = tmp_path_factory.mktemp("demo")
+    generate_demo_data(out, DemoDataConfig(logs=1500, seed=3))
+    lines = []
+    for path in sorted((out / "landing").iterdir()):
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as handle:
+            lines += [line for line in handle if line.strip()]
+
+    def when(line: str) -> str:
+        try:
+            return str(json.loads(line).get("ts", ""))
+        except (ValueError, AttributeError):
+            return ""  # malformed lines: quarantined whichever file holds them
+
+    lines.sort(key=when)
+    halves = [out / "early.jsonl", out / "late.jsonl"]
+    halves[0].write_text("".join(lines[: len(lines) // 2]))
+    halves[1].write_text("".join(lines[len(lines) // 2:]))
+    return out, halves
+
+
+def _demo_decisions(settings: LakeSettings, demo: Path, halves: list[Path], cycles: int) -> dict[str, tuple]:
+    con = open_lake(settings)
+    for path in sorted((demo / "evalsets").iterdir()):
+        register_evalset(con, path.stem, path)
+    for n, path in enumerate(halves):
+        ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000), f"c{n}")
+        if cycles == 2 or n == 1:
+            assert curate(con, CFG, f"c{n}").logs > 0
+    return _decisions(con)
+
+
+@pytest.mark.slow
+def test_demo_figures_and_incremental_runs_match_one_big_run(demo, tmp_path):
+    out, halves = demo
+    whole = _demo_decisions(LakeSettings(home=tmp_path / "one"), out, halves, cycles=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+
+    def share(entries, ok):
+        return sum(whole[e["id"]][0] in ok for e in entries) / len(entries)
+
+    assert share(manifest["exact_duplicates"], {"duplicate"}) >= 0.99
+    assert share(manifest["near_duplicates"], {"near_duplicate", "duplicate"}) >= 0.95
+    assert share(manifest["eval_leaks"], {"contaminated"}) >= 0.99
+    clean = Counter(whole[i][0] for i in manifest["clean"])
+    assert (len(manifest["clean"]) - clean["kept"]) / len(manifest["clean"]) < 0.01, clean
+    split = _demo_decisions(LakeSettings(home=tmp_path / "two"), out, halves, cycles=2)
+    assert {k: (v[0], v[2]) for k, v in split.items()} == {k: (v[0], v[2]) for k, v in whole.items()}

@@ -1,0 +1,43 @@
+import json
+
+import pyarrow as pa
+import pytest
+
+from storage.lake import append_rows, open_lake
+from storage.schemas import SCHEMAS
+from tasks.round.rollout import RolloutConfig, run_rollouts
+from tasks.round.train import TrainStageConfig, train_policy
+from tests.tasks.round.test_rollout import add_tasks
+from trainer.engine import EngineConfig
+from trainer.grpo import GRPOConfig
+from flows.demo.tiny_model import init_model
+
+
+def score(con, cycle_id):
+    """Verdicts by a coin that alternates per sample, so every group has reward variance."""
+    ids = con.execute("SELECT rollout_id, sample_idx FROM lake.rollouts ORDER BY rollout_id").fetchall()
+    rows = [{"rollout_id": rid, "verifier": "math", "reward": float(idx % 2), "passed": bool(idx % 2),
+             "status": "ok" if idx % 2 else "wrong", "components": json.dumps({}), "detail": "",
+             "latency_ms": 1.0, "cycle_id": cycle_id} for rid, idx in ids]
+    append_rows(con, "verdicts", pa.Table.from_pylist(rows, schema=SCHEMAS["verdicts"]))
+
+
+@pytest.mark.slow
+def test_train_writes_steps_and_a_candidate_once(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    base = init_model(tmp_path / "base")
+    add_tasks(con, [(12, 30), (45, 11), (70, 7), (21, 21)])
+    run_rollouts(con, base, "v0", "c1", RolloutConfig(
+        tasks_per_round=4, engine=EngineConfig(backend="transformers", n=4, max_tokens=5)))
+    score(con, "c1")
+    cfg = TrainStageConfig(grpo=GRPOConfig(steps=3, groups_per_step=2, checkpoint_every=3, max_tokens=5),
+                           device="cpu")
+    version = train_policy(con, base, "v0", 0, tmp_path / "jobs", "c1", cfg)
+    steps = con.execute("SELECT step, groups_kept FROM lake.train_steps WHERE policy_version = ? ORDER BY step",
+                        [version]).fetchall()
+    assert steps == [(1, 4), (2, 4), (3, 4)]
+    model = con.execute("SELECT parent_version, status, uri FROM lake.models WHERE policy_version = ?",
+                        [version]).fetchall()
+    assert model[0][:2] == ("v0", "candidate")
+    assert train_policy(con, base, "v0", 0, tmp_path / "jobs", "c1", cfg) == version  # rerun: no new rows
+    assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 1
