@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import decontaminate, minhash  # noqa: E402
+from tasks.curate import decontaminate  # noqa: E402
+from tasks.curate.similarity import minhash  # noqa: E402
 from tasks.curate.similarity.normalize import strong_tokens  # noqa: E402
 
 

@@ -94,7 +94,7 @@ def test_sketches_do_not_depend_on_chunking():
 
 
 def test_signatures_are_stable_across_processes():
-    code = ("import json; from tasks import minhash;"
+    code = ("import json; from tasks.curate.similarity import minhash;"
             "c = minhash.MinHashConfig();"
             "s = minhash.sketch_texts(['What is 17*23? Show the steps.', 'short'], c);"
             "print(json.dumps(s.signatures.tolist()))")
