@@ -1,0 +1,1 @@
+"""The `flywheel` command line: `app` wires one module per command."""

@@ -1,0 +1,25 @@
+"""Ingest: landed failure-log files -> `failure_logs` rows, every bad line a `quarantine` row.
+
+Reads: files, folders or s3:// prefixes of `.jsonl` / `.jsonl.gz` (the configured
+landing by default). Writes: `ingest_batches`, `failure_logs`, `quarantine`, one
+DuckLake commit per file.
+
+The path of one line, in order:
+1. `sources`   finds the landed files and skips those already ingested at their current
+               version (size and mtime, or size and S3 ETag), without reading them.
+2. `batch`     makes one file one batch (`batch_id` = sha256 of its bytes) and drives the
+               rest; a file already in `ingest_batches` is reported and skipped.
+3. `lines`     cuts the file into numbered lines (Arrow, no Python loop per line).
+4. `scan`      derives each line's features: the native scanner (`native/`) for plainly
+               well-formed lines, DuckDB's feature query (`features`) for every other
+               line; a differential test holds the two to identical rows.
+5. `checks`    the Great Expectations suite over those features: the first failing
+               expectation is the line's `kind`, worded as a `reason` a person can act on.
+6. `chunks`    stages valid rows as Parquet and bad lines verbatim for `quarantine`;
+               a line repeating an earlier line or a log already in the lake is
+               quarantined as `repeated_log`, naming what it repeats.
+`progress` draws the progress bar of a large file.
+
+A log's `log_id` is the sha256 of its canonical JSON, so the same log is one row
+however often it lands.
+"""
