@@ -6,7 +6,6 @@ Needs Debian's `chromium` (`apt-get install -y chromium`); skipped without it.
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import re
 import shutil
@@ -14,13 +13,11 @@ import struct
 import subprocess
 
 import httpx
-import pytest
 
 from flows.deployments import ScheduleConfig
 from tests.flows.prefect_stack import register_in_process
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium: apt-get install -y chromium")
 
 
 def chromium(url: str, profile, *args: str) -> subprocess.CompletedProcess:
@@ -58,7 +55,6 @@ def test_the_deployment_page_shows_its_name_and_schedule(prefect_server, tmp_pat
     screenshot(url, tmp_path / "profile", tmp_path / "deployment.png")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("flows.flywheel") is None, reason="flows/flywheel.py not built yet")
 def test_the_cycle_page_shows_its_cron_in_words(prefect_server, tmp_path):
     register_in_process(prefect_server, tmp_path, ScheduleConfig(cycle_cron="30 4 * * 1-5"))
     found = httpx.post(f"{prefect_server.api_url}/deployments/filter",

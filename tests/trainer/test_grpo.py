@@ -91,7 +91,8 @@ def test_a_step_cut_into_length_pieces_has_the_gradient_of_one_padded_batch(tiny
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
-    assert sums[1]["loss"] == pytest.approx(sums[0]["loss"], rel=1e-4)
+    # the loss sits near an on-policy zero (~1e-9 of rounding noise): an absolute bound
+    assert sums[1]["loss"] == pytest.approx(sums[0]["loss"], rel=1e-4, abs=1e-6)
     assert (sums[1]["tokens"], sums[1]["all_tokens"]) == (sums[0]["tokens"], sums[0]["all_tokens"])
     rows = [{"prompt_token_ids": [1] * n, "token_ids": [2]} for n in (9, 3, 4, 20)]
     assert length_pieces(rows, 12) == [[1, 2], [0], [3]]  # 2x(4+1) fits 12; 9+1 alone; 20+1 alone

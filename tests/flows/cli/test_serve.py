@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import subprocess
 
 import pytest
@@ -10,7 +9,7 @@ from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows import deployments
-from flows.deployments import DEPLOYMENTS, IngestParams, ScheduleConfig, ingest_defaults
+from flows.deployments import DEPLOYMENTS, IngestParams, ScheduleConfig
 from flows.cli.serve import register_deployments
 from storage.settings import LakeSettings
 from tests.flows.prefect_stack import flywheel_bin, prefect_env, register
@@ -36,8 +35,6 @@ def test_serve_registers_pools_and_follows_flywheel_toml(prefect_server, tmp_pat
     output = register(prefect_server, tmp_path)
     assert "registered ingest (pool cpu, every 600s)" in output
     assert "registered evaluate (pool gpu, on demand)" in output
-    if importlib.util.find_spec("flows.flywheel") is None:
-        assert "'flywheel-cycle' skipped" in output
     ingest, pools = read_deployment(prefect_server, "ingest")
     assert pools["cpu"] == pools["gpu"] == "process"
     assert ingest.work_pool_name == "cpu" and ingest.entrypoint == "flows.ingest.ingest_flow"
@@ -49,18 +46,11 @@ def test_serve_registers_pools_and_follows_flywheel_toml(prefect_server, tmp_pat
     again, _ = read_deployment(prefect_server, "ingest")
     assert again.id == ingest.id
     assert [s.schedule.interval.total_seconds() for s in again.schedules] == [900]
-    if importlib.util.find_spec("flows.flywheel") is not None:
-        cycle, _ = read_deployment(prefect_server, "flywheel-cycle")
-        assert [s.schedule.cron for s in cycle.schedules] == ["30 4 * * 1-5"] and cycle.work_pool_name == "gpu"
+    cycle, _ = read_deployment(prefect_server, "flywheel-cycle")
+    assert [s.schedule.cron for s in cycle.schedules] == ["30 4 * * 1-5"] and cycle.work_pool_name == "gpu"
 
 
 def test_a_changed_cron_replaces_the_schedule(prefect_server, tmp_path, monkeypatch):
-    # Until flows/flywheel.py exists, the cycle's table entry points at the ingest flow
-    # so the cron path (not only the interval one) is exercised against the server.
-    if importlib.util.find_spec("flows.flywheel") is None:
-        monkeypatch.setitem(DEPLOYMENTS, "flywheel-cycle", dataclasses.replace(
-            DEPLOYMENTS["flywheel-cycle"], flow_path="flows.ingest:ingest_flow", params=IngestParams,
-            defaults=ingest_defaults))
     monkeypatch.setitem(DEPLOYMENTS, "evaluate", dataclasses.replace(DEPLOYMENTS["evaluate"], flow_path="flows.absent_eval:f"))
     settings = LakeSettings(home=tmp_path / "home")
     with temporary_settings({PREFECT_API_URL: prefect_server.api_url}):
@@ -112,11 +102,6 @@ def test_ingest_params_mirror_the_flow():
     assert IngestParams(paths=["a"]).chunk_lines == flow_default
 
 
-needs_cycle = pytest.mark.skipif(importlib.util.find_spec("flows.flywheel") is None,
-                                 reason="flows/flywheel.py not built yet")
-
-
-@needs_cycle
 def test_the_cycle_parameter_mirror_matches_the_cycle_flow():
     from flows.flywheel import flywheel_cycle
 
@@ -135,7 +120,6 @@ def test_the_evaluate_parameter_mirror_matches_the_evaluate_flow():
         deployments.EvaluateParams.model_validate({"params": {"eval_samples": 0}})
 
 
-@needs_cycle
 def test_a_drifted_mirror_is_refused():
     from pydantic import BaseModel, Field
 

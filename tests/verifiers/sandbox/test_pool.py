@@ -16,8 +16,6 @@ from verifiers.sandbox import pool as sandbox_pool
 from verifiers.sandbox.runner import SandboxConfig, run_python
 from verifiers.sandbox.cgroup import CgroupParent
 
-pytestmark = pytest.mark.skipif(not Path("/usr/bin/bwrap").exists(), reason="needs bubblewrap: apt-get install -y bubblewrap")
-
 FAST = SandboxConfig(timeout_s=2.0, cpu_s=2)
 
 
