@@ -25,13 +25,14 @@ from typing import Literal
 
 import torch
 
+from verifiers.verdict import INFRA_STATUSES  # no judgement of the completion: out of advantages
+
 LossAgg = Literal["grpo", "dapo", "dr_grpo"]
-INVALID_STATUSES = frozenset({"timeout", "sandbox_error"})
 
 
 def valid_mask(statuses: list[str]) -> torch.Tensor:
     """True where the verdict is a real judgement of the completion."""
-    return torch.tensor([s not in INVALID_STATUSES for s in statuses], dtype=torch.bool)
+    return torch.tensor([s not in INFRA_STATUSES for s in statuses], dtype=torch.bool)
 
 
 def group_advantages(rewards: torch.Tensor, valid: torch.Tensor | None = None,

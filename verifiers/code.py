@@ -50,6 +50,19 @@ def extract_program(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
+def reference_problem(reference: dict) -> str | None:
+    """The reference shape this verifier scores (see verifiers.registry.Verifier); whether
+    the tests compile and the solution passes is curation's self-test."""
+    entry_point, tests = reference.get("entry_point"), reference.get("tests")
+    if not isinstance(entry_point, str) or not _IDENTIFIER.match(entry_point):
+        return "needs `entry_point`, a Python identifier"
+    if not isinstance(tests, str) or "def check" not in tests:
+        return "needs `tests`, Python source defining check(candidate)"
+    if not isinstance(reference.get("solution", ""), str):
+        return "needs `solution`, when given, to be Python source (a string)"
+    return None
+
+
 def spec_problem(spec: dict) -> str | None:
     """Why this spec cannot be used, or None."""
     entry_point, tests = spec.get("entry_point"), spec.get("tests")

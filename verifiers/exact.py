@@ -4,13 +4,15 @@ Normalisation forgives what a reader would not call a different answer: Unicode
 compatibility forms (NFKC: full-width digits, ligatures), case (casefold), runs of
 whitespace, surrounding whitespace and trailing sentence punctuation. It deliberately
 does not strip inner punctuation, articles or units: "3.5" and "35" stay different.
-`spec["answer"]` may be a string or a list of accepted strings.
+`spec["answer"]` may be a string, a number (compared as JSON writes it), or a non-empty
+list of accepted strings and numbers.
 """
 from __future__ import annotations
 
 import re
 import unicodedata
 
+from verifiers.math import answer_text
 from verifiers.verdict import Verdict, failed
 
 _WHITESPACE = re.compile(r"\s+")
@@ -25,10 +27,19 @@ def normalise(text: str) -> str:
 
 def accepted_answers(spec: dict) -> list[str]:
     answer = spec.get("answer")
-    answers = answer if isinstance(answer, list) else [answer]
-    if not answers or not all(isinstance(a, str) for a in answers):
-        raise ValueError('exact spec needs "answer": a string or a list of strings')
+    answers = [answer_text(a) for a in (answer if isinstance(answer, list) else [answer])]
+    if not answers or any(a is None for a in answers):
+        raise ValueError('exact spec needs "answer": a string or number, or a list of them')
     return answers
+
+
+def reference_problem(reference: dict) -> str | None:
+    """The reference shape this verifier scores (see verifiers.registry.Verifier)."""
+    try:
+        accepted_answers(reference)
+    except ValueError:
+        return f"needs `answer` (a string or number, or a non-empty list of them); has {sorted(reference)}"
+    return None
 
 
 def verify(spec: dict, completion: str) -> Verdict:
@@ -45,7 +56,7 @@ def verify(spec: dict, completion: str) -> Verdict:
 
 
 def gold_completion(spec: dict) -> str | None:
-    answer = spec.get("answer")
-    if isinstance(answer, list):
-        answer = answer[0] if answer else None
-    return answer if isinstance(answer, str) else None
+    try:
+        return accepted_answers(spec)[0]
+    except ValueError:
+        return None

@@ -43,6 +43,14 @@ def find_last_object(text: str) -> dict | None:
     return None if best is None else best[1]
 
 
+def reference_problem(reference: dict) -> str | None:
+    """The reference shape this verifier scores (see verifiers.registry.Verifier); whether
+    the schema is a valid one is curation's self-test (`schema_problem`)."""
+    if not isinstance(reference.get("schema"), dict):
+        return f"needs `schema` (an object); has {sorted(reference)}"
+    return None
+
+
 def schema_problem(spec: dict) -> str | None:
     """Why `spec["schema"]` is not a usable Draft 2020-12 schema, or None."""
     try:

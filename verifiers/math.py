@@ -89,9 +89,10 @@ def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | N
 
 
 def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
-    gold = spec.get("answer")
-    if not isinstance(gold, str) or not gold.strip():
-        return failed("format_error", 'invalid spec: needs "answer" (a string)', correctness=0.0, format=0.0)
+    gold = answer_text(spec.get("answer"))
+    if gold is None or not gold.strip():
+        return failed("format_error", 'invalid spec: needs "answer" (a string or number)', correctness=0.0,
+                      format=0.0)
     tail = completion[-TAIL_CHARS:]
     has_box = bool(boxed_contents(tail))
     hack = detect_answer_hacking(tail, gold, spec.get("question"))
@@ -133,9 +134,26 @@ def _compare_cached(gold: str, tail: str, timeout_s: float) -> dict:
     return _POOL.compare(gold, tail, timeout_s)
 
 
+def answer_text(answer: object) -> str | None:
+    """A reference answer as text: a string as it is, a JSON number as JSON writes it
+    (72, 2.5); anything else is no answer."""
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return json.dumps(answer)
+    return None
+
+
+def reference_problem(reference: dict) -> str | None:
+    """The reference shape this verifier scores (see verifiers.registry.Verifier)."""
+    if answer_text(reference.get("answer")) is None:
+        return f"needs `answer` (a string or number); has {sorted(reference)}"
+    return None
+
+
 def gold_completion(spec: dict) -> str | None:
-    answer = spec.get("answer")
-    return f"The answer is $\\boxed{{{answer}}}$." if isinstance(answer, str) else None
+    answer = answer_text(spec.get("answer"))
+    return f"The answer is $\\boxed{{{answer}}}$." if answer is not None else None
 
 
 def serve_requests() -> None:

@@ -1,4 +1,5 @@
-"""The registry: verifier names -> plain `verify(spec, completion) -> Verdict` functions.
+"""The registry: verifier names -> one `Verifier` record each (verify, gold completion,
+reference shape, spec check, options).
 
 One explicit dict (`VERIFIERS`), no discovery. `verify` here is the boundary the
 pipeline calls: whatever a verifier or its input does, it returns a `Verdict`.
@@ -8,24 +9,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from verifiers import code, exact, json_schema, math
 from verifiers.sandbox.runner import SandboxConfig
 from verifiers.verdict import Verdict, failed
 
-VERIFIERS: dict[str, Callable[..., Verdict]] = {
-    "math": math.verify,
-    "code": code.verify,
-    "json_schema": json_schema.verify,
-    "exact": exact.verify,
-}
+# The verifier a log or evaluation item of each domain gets unless it names one.
+DEFAULT_DOMAIN_MAP: Mapping[str, str] = MappingProxyType({"math": "math", "code": "code", "json": "json_schema"})
 
-# The completion that each verifier's spec considers correct (its `answer` / `solution`).
-GOLD_COMPLETIONS: dict[str, Callable[[dict], str | None]] = {
-    "math": math.gold_completion,
-    "code": code.gold_completion,
-    "json_schema": json_schema.gold_completion,
-    "exact": exact.gold_completion,
+
+@dataclass(frozen=True)
+class Verifier:
+    """Everything flywheel knows about one verifier, in one record.
+
+    verify: `verify(spec, completion, **options) -> Verdict`.
+    gold_completion: the spec's reference written as a completion (None: it has none).
+    reference_problem: why a reference does not have the shape this verifier scores
+        (None: it has). Ingest quarantines a log with this reason; its fast paths (the
+        native scanner and the feature SQL, tasks/ingest/) are held to it by a test.
+    spec_problem: for a spec without a gold completion, why it is unusable (None: well
+        formed); curation's self-test asks it when there is no gold to run.
+    options: the keyword arguments `VerifierConfig` gives `verify`.
+    """
+
+    verify: Callable[..., Verdict]
+    gold_completion: Callable[[dict], str | None]
+    reference_problem: Callable[[dict], str | None]
+    spec_problem: Callable[[dict], str | None] | None = None
+    options: Callable[[VerifierConfig], dict] = lambda config: {}
+
+
+VERIFIERS: dict[str, Verifier] = {
+    "math": Verifier(math.verify, math.gold_completion, math.reference_problem,
+                     options=lambda config: {"timeout_s": config.math_timeout_s}),
+    "code": Verifier(code.verify, code.gold_completion, code.reference_problem, spec_problem=code.spec_problem,
+                     options=lambda config: {"sandbox": config.sandbox}),
+    "json_schema": Verifier(json_schema.verify, json_schema.gold_completion, json_schema.reference_problem,
+                            spec_problem=json_schema.schema_problem),
+    "exact": Verifier(exact.verify, exact.gold_completion, exact.reference_problem),
 }
 
 
@@ -39,8 +61,7 @@ class VerifierConfig:
     math_timeout_s: wall-clock bound on one math-verify comparison.
     """
 
-    domain_map: Mapping[str, str] = field(
-        default_factory=lambda: {"math": "math", "code": "code", "json": "json_schema"})
+    domain_map: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DOMAIN_MAP))
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     math_timeout_s: float = math.DEFAULT_TIMEOUT_S
 
@@ -65,15 +86,6 @@ class VerifierConfig:
         return self.domain_map[domain]
 
 
-def verifier_options(name: str, config: VerifierConfig) -> dict:
-    """The keyword arguments that `config` passes to verifier `name`."""
-    if name == "math":
-        return {"timeout_s": config.math_timeout_s}
-    if name == "code":
-        return {"sandbox": config.sandbox}
-    return {}
-
-
 def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None = None) -> Verdict:
     """Score one completion; never raises (a bad row is data, not a crash)."""
     if name not in VERIFIERS:
@@ -82,7 +94,8 @@ def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None
         return failed("format_error", "spec must be a JSON object and completion a string")
     config = config or VerifierConfig()
     try:
-        return VERIFIERS[name](spec, completion, **verifier_options(name, config))
+        record = VERIFIERS[name]
+        return record.verify(spec, completion, **record.options(config))
     except Exception as error:  # noqa: BLE001
         # The one boundary where errors become data: a verifier bug or an unforeseen
         # input must cost one verdict, not the whole verification batch. It is marked
@@ -92,22 +105,24 @@ def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None
 
 def gold_completion(name: str, spec: dict) -> str | None:
     """The spec's reference written as a completion, or None when the spec has none."""
-    make = GOLD_COMPLETIONS.get(name)
-    return make(spec) if make is not None and isinstance(spec, dict) else None
+    record = VERIFIERS.get(name)
+    return record.gold_completion(spec) if record is not None and isinstance(spec, dict) else None
 
 
 def self_test(name: str, spec: dict, config: VerifierConfig | None = None) -> Verdict:
     """Run the verifier on the spec's own reference: a usable spec passes with reward 1.0.
 
-    A code spec without a `solution` is checked for well-formed tests only, and a
-    json_schema spec without an example `answer` for a valid schema only (DESIGN.md:
-    the JSON reference is just the schema).
+    A spec without a gold completion is checked by its verifier's `spec_problem` when
+    it has one: a code spec without a `solution` for well-formed tests, a json_schema
+    spec without an example `answer` for a valid schema (docs/architecture.md: the JSON
+    reference is just the schema).
     """
     gold = gold_completion(name, spec)
     if gold is not None:
         return verify(name, spec, gold, config)
-    if name in ("code", "json_schema") and isinstance(spec, dict):
-        problem = code.spec_problem(spec) if name == "code" else json_schema.schema_problem(spec)
+    record = VERIFIERS.get(name)
+    if record is not None and record.spec_problem is not None and isinstance(spec, dict):
+        problem = record.spec_problem(spec)
         if problem:
             return failed("format_error", f"invalid spec: {problem}")
         return Verdict(reward=1.0, passed=True, status="ok", detail="no reference answer: spec is well-formed")

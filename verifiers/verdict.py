@@ -15,6 +15,8 @@ from typing import Literal, get_args
 Status = Literal["ok", "wrong", "format_error", "timeout", "sandbox_error", "hacking_suspected"]
 STATUSES: tuple[str, ...] = get_args(Status)
 INFRA_STATUSES = frozenset({"timeout", "sandbox_error"})
+# The same, for SQL: `WHERE status NOT IN {INFRA_STATUSES_SQL}`.
+INFRA_STATUSES_SQL = "(" + ", ".join(f"'{s}'" for s in sorted(INFRA_STATUSES)) + ")"
 
 # The verdicts table stores `detail` per rollout; a runaway traceback or a 1 MB echo of
 # the completion would bloat it, and a reader only needs the first lines.

@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from verifiers.registry import DEFAULT_DOMAIN_MAP, VERIFIERS
+
 REQUIRED_FIELDS = ("messages", "response", "domain", "reference", "ts", "model", "failure")
 ROLES = ("system", "user", "assistant", "tool")
-# Which reference keys each verifier needs (DESIGN.md: verifier spec).
+# Which reference shape each verifier needs is its record's `reference_problem`
+# (verifiers.registry); the feature query and the native scanner are fast paths of it.
 _TEXT = ("VARCHAR",)
 SCALAR_TYPES = ("VARCHAR", "BIGINT", "UBIGINT", "DOUBLE")
 REQUIRED_TYPES = {  # json_type names DuckDB reports
@@ -40,10 +43,9 @@ OPTIONAL_TYPES = {"id": _TEXT, "meta": ("OBJECT", "NULL"), "verifier": _TEXT + (
 class LogRules:
     """Limits and vocabularies a failure log is checked against."""
 
-    domain_map: dict[str, str] = field(default_factory=lambda: {
-        "math": "math", "code": "code", "json": "json_schema"})
+    domain_map: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_DOMAIN_MAP))
     """domain -> verifier; the keys are the known domains."""
-    known_verifiers: tuple[str, ...] = ("math", "code", "json_schema", "exact")
+    known_verifiers: tuple[str, ...] = tuple(VERIFIERS)
     max_line_bytes: int = 65_536
     max_messages: int = 64
     max_content_chars: int = 32_768
@@ -235,16 +237,7 @@ def _explain_verifier(record: dict, rules: LogRules) -> str:
 
 def _explain_reference(record: dict, rules: LogRules) -> str:
     verifier = record.get("verifier") or rules.domain_map[record["domain"]]
-    ref = record["reference"]
-    if verifier in ("math", "exact"):
-        return f"reference for verifier {verifier} needs `answer` (a string or number); has {sorted(ref)}"
-    if verifier == "json_schema":
-        return f"reference for verifier json_schema needs `schema` (an object); has {sorted(ref)}"
-    if not isinstance(ref.get("entry_point"), str) or not ref["entry_point"].isidentifier():
-        return "reference for verifier code needs `entry_point`, a Python identifier"
-    if not isinstance(ref.get("tests"), str) or "def check" not in ref["tests"]:
-        return "reference for verifier code needs `tests`, Python source defining check(candidate)"
-    return "reference.solution must be a string of Python source"
+    return f"reference for verifier {verifier} {VERIFIERS[verifier].reference_problem(record['reference'])}"
 
 
 def _explain_ts(record: dict, rules: LogRules) -> str:

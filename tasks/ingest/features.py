@@ -115,12 +115,15 @@ def _messages_sql(rules: LogRules) -> str:
 
 
 def _reference_sql() -> str:
-    """Whether the reference has what the line's verifier needs (ref_v = its values by _REF_KEYS)."""
+    """Whether the reference has what the line's verifier needs (ref_v = its values by
+    _REF_KEYS): the fast path of each verifier's `reference_problem` (verifiers.registry),
+    held to it by tests/tasks/ingest/test_reference_shapes.py."""
     scalar = ", ".join(repr(t) for t in SCALAR_TYPES)
     answer, entry_point, tests, solution, schema = (json_type_sql(f"ref_v[{i + 1}]") for i in range(len(_REF_KEYS)))
     return f"""CASE eff_verifier
     WHEN 'math' THEN coalesce({answer} IN ({scalar}), false)
-    WHEN 'exact' THEN coalesce({answer} IN ({scalar}), false)
+    WHEN 'exact' THEN coalesce({answer} IN ({scalar}) OR ({answer} = 'ARRAY' AND json_array_length(ref_v[1]) > 0
+         AND list_bool_and(list_transform(json_extract(ref_v[1], '$[*]'), e -> json_type(e) IN ({scalar})))), false)
     WHEN 'code' THEN coalesce({entry_point} = 'VARCHAR'
          AND regexp_full_match(ref_v[2] ->> '$', '[A-Za-z_][A-Za-z0-9_]*')
          AND {tests} = 'VARCHAR' AND contains(ref_v[3] ->> '$', 'def check')

@@ -15,14 +15,21 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
 
+from storage.config_file import lake_settings
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
 from tasks.curate.holdout import is_heldout
+from tasks.release.models import local_model_dir
 from trainer.engine import EngineConfig, Sample, generate, prompt_fits
+from verifiers.verdict import INFRA_STATUSES_SQL
+
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 
 @dataclass(frozen=True)
@@ -47,12 +54,12 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.domains must be domain names, got {self.domains!r}")
 
 
-CANDIDATES_SQL = """
+CANDIDATES_SQL = f"""
 WITH scored AS (
     SELECT r.task_id, r.round, v.passed,
            dense_rank() OVER (PARTITION BY r.task_id ORDER BY r.round DESC) AS recency
     FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id)
-    WHERE v.status NOT IN ('timeout', 'sandbox_error')
+    WHERE v.status NOT IN {INFRA_STATUSES_SQL}
 )
 SELECT t.task_id, t.domain, t.messages,
        avg(CASE WHEN s.passed THEN 1.0 ELSE 0.0 END) AS pass_rate
@@ -125,3 +132,9 @@ def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
     table = rollout_table(tasks, samples, policy_version, round_idx, cycle_id)
     with transaction(con, f"rollouts {policy_version} round {round_idx}"):
         return append_rows(con, "rollouts", table)
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: RolloutConfig, key: StageKey) -> dict:
+    """The rollout stage: the key's policy samples this round's tasks."""
+    model_dir = local_model_dir(lake_settings(), con, key.policy)
+    return {"rollouts": run_rollouts(con, model_dir, key.policy, key.cycle_id, cfg, key.round)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -17,6 +18,10 @@ from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
 from tasks.round.scoring import FanOut, score_rows
 from verifiers.registry import VerifierConfig
+from verifiers.verdict import INFRA_STATUSES
+
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 
 @dataclass(frozen=True)
@@ -49,5 +54,10 @@ def verify_stage(con: duckdb.DuckDBPyConnection, cycle_id: str, round_: int, cfg
         append_rows(con, "verdicts", table)
     statuses = [r["status"] for r in results]
     return {"verified": len(results), "passed": sum(bool(r["passed"]) for r in results),
-            "infra_failures": sum(s in ("timeout", "sandbox_error") for s in statuses),
+            "infra_failures": sum(s in INFRA_STATUSES for s in statuses),
             "hacking_suspected": statuses.count("hacking_suspected")}
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: VerifyStageConfig, key: StageKey) -> dict:
+    """The verify stage: `verify_stage` for the key's cycle and round."""
+    return verify_stage(con, key.cycle_id, key.round, cfg)

@@ -19,5 +19,7 @@ def test_normalisation_forgives_case_width_spacing_and_trailing_punctuation():
 
 def test_list_of_answers_and_bad_specs():
     assert exact.verify({"answer": ["colour", "color"]}, "Color").passed
-    assert exact.verify({"answer": 3}, "3").status == "format_error"
+    assert exact.verify({"answer": 3}, "3").passed  # a JSON number is its JSON text, as ingest accepts it
+    assert exact.verify({"answer": True}, "true").status == "format_error"
+    assert exact.verify({"answer": []}, "x").status == "format_error"
     assert exact.verify({"answer": "x"}, "   ").status == "format_error"

@@ -33,7 +33,8 @@ def test_unboxed_answer_passes_with_lower_format_score_and_no_answer_is_format_e
     verdict = math_verifier.verify(SPEC, "17*23 = 391")
     assert verdict.passed and verdict.components == {"correctness": 1.0, "format": 0.5}
     assert math_verifier.verify(SPEC, "I am not sure.").status == "format_error"
-    assert math_verifier.verify({"answer": 391}, "391").detail.startswith("invalid spec")
+    assert math_verifier.verify({"answer": 391}, "391").passed  # a JSON number is an answer, as ingest accepts it
+    assert math_verifier.verify({"answer": [391]}, "391").detail.startswith("invalid spec")
 
 
 def test_megabyte_completion_is_bounded_and_still_reads_the_final_answer():

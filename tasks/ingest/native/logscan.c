@@ -174,6 +174,8 @@ static int reference(In *in, Line *l) {
                 if (k == ENTRY) ok[k] = identifier(&l->scratch);
                 if (k == TESTS) ok[k] = memmem(l->scratch.p, l->scratch.len, "def check", 9) != NULL;
             } else {
+                /* a list answer (exact takes one of scalars) is the feature query's to judge */
+                if (k == ANSWER && c == '[') return 0;
                 if (!value(in, out)) return 0;
                 if (k == ANSWER) ok[k] = c == '-' || (c >= '0' && c <= '9');
                 if (k == SOLUTION) ok[k] = 0;
