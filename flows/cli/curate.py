@@ -9,7 +9,8 @@ from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
-from tasks.curate.curation import CurateConfig, curate
+from tasks.curate.curation import curate
+from tasks.cycle.config import cycle_config
 
 
 def curate_command(
@@ -17,8 +18,8 @@ def curate_command(
 ) -> None:
     """Dedup, decontaminate and self-test new failure logs; write tasks and decisions."""
     console = Console()
-    cfg = CurateConfig()
     try:
+        cfg = cycle_config().curate
         con = open_lake(lake_settings())
         counts = curate(con, cfg, cycle_id)
         covered = con.execute("SELECT count(DISTINCT (eval_set, item_id)) FROM lake.eval_coverage").fetchone()[0]

@@ -12,6 +12,7 @@ from rich.table import Table
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 from tasks.curate.evalsets import EvalsetError, list_evalsets, register_evalset
+from tasks.cycle.config import cycle_config
 
 evalset_app = typer.Typer(help="Register and list evaluation sets (decontamination compares against them).",
                           no_args_is_help=True)
@@ -27,8 +28,9 @@ def add_command(
     """Register FILE as the newest version of NAME; the same file twice is a no-op."""
     console = Console()
     try:
+        verifiers = cycle_config().curate.verifiers  # the domain map curation decontaminates with
         con = open_lake(lake_settings())
-        result = register_evalset(con, name, file, cycle_id=cycle_id)
+        result = register_evalset(con, name, file, cycle_id=cycle_id, verifiers=verifiers)
     except (EvalsetError, ConfigError, LakeError, duckdb.Error) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -9,18 +9,21 @@ from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.objects import ObjectStoreError
+from tasks.cycle.config import cycle_config
 from tasks.ingest.sources import IngestError, discover_sources
 
 
 def ingest_command(
     paths: Annotated[list[str], typer.Argument(help="Files (.jsonl, .jsonl.gz), folders, or s3://bucket/prefix URIs.")],
     cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
-    chunk_lines: Annotated[int, typer.Option(help="Lines validated and written per step.")] = 20_000,
+    chunk_lines: Annotated[int | None, typer.Option(
+        help="Lines validated and written per step; default: \\[cycle.ingest] chunk_lines.")] = None,
 ) -> None:
     """Validate failure logs and land them in the lake; bad lines go to quarantine."""
     console = Console()
     try:
-        discover_sources(paths, lake_settings())  # fail fast, before Prefect starts
+        cycle_config()  # a bad flywheel.toml fails here, before Prefect starts
+        discover_sources(paths, lake_settings())
     except (IngestError, ObjectStoreError, ConfigError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

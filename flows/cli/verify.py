@@ -22,6 +22,8 @@ from pathlib import Path
 import typer
 
 from tasks.round.scoring import verify_rollouts, verify_row
+from storage.config_file import ConfigError
+from tasks.cycle.config import cycle_config
 from verifiers.registry import VerifierConfig
 from verifiers.verdict import failed
 
@@ -66,8 +68,13 @@ def verify_command(
     if dask:
         # This terminal is for verdicts and the progress bar, not the scheduler's diary.
         logging.getLogger("distributed").setLevel(logging.WARNING)
+    try:
+        config = cycle_config().verify.verifiers  # the cycle's own: domain map, sandbox limits
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     lines = input_path.read_text(encoding="utf-8").splitlines()
-    results = verify_lines(lines, VerifierConfig(), dask=dask, batch_size=batch_size, workers=workers,
+    results = verify_lines(lines, config, dask=dask, batch_size=batch_size, workers=workers,
                            progress=dask and out is not None)
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in results)
     if out is None:

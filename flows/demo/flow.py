@@ -28,7 +28,7 @@ from tasks.release.models import local_model_dir, production_version, register_m
 from flows.demo.simulate import TrafficConfig, serve_traffic, write_landing
 from flows.demo.tiny_model import ModelConfig, init_model
 from flows.demo.sft import SFTConfig, run_sft
-from verifiers.registry import VerifierConfig
+from tasks.cycle.config import cycle_config
 
 
 # The demo's cycle settings, written to flywheel.toml in the demo's home (FLYWHEEL_CONFIG
@@ -111,7 +111,7 @@ def register_eval_sets(home: Path, cfg: DemoConfig) -> tuple[list[dict], set[str
     items, prompts = [], set()
     con = open_lake(lake_settings())
     for file in sorted((home / "demo-data" / "evalsets").glob("*.jsonl")):
-        register_evalset(con, file.stem, file, cycle_id="demo-setup")
+        register_evalset(con, file.stem, file, cycle_id="demo-setup", verifiers=cycle_config().curate.verifiers)
         for line in file.read_text().splitlines():
             item = json.loads(line)
             prompts.add(item["prompt"] if isinstance(item["prompt"], str) else json.dumps(item["prompt"]))
@@ -127,8 +127,8 @@ def serve(cfg: DemoConfig, seed: int, eval_items: list[dict]):
     version = production_version(con)
     model_dir = local_model_dir(settings, con, version)
     con.close()
-    traffic = serve_traffic(model_dir, version, TrafficConfig(requests=cfg.requests), seed, VerifierConfig(),
-                            eval_items)
+    traffic = serve_traffic(model_dir, version, TrafficConfig(requests=cfg.requests), seed,
+                            cycle_config().verify.verifiers, eval_items)
     return version, traffic
 
 

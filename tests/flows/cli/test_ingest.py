@@ -1,10 +1,12 @@
 """`flywheel ingest`: the ingest flow end to end, and a second run over the same landing folder."""
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 
 from flows.cli.app import app
-from tests.tasks.logs import MALFORMED, write_logs
+from tests.tasks.logs import MALFORMED, valid_log, write_logs
 
 runner = CliRunner()
 
@@ -26,3 +28,36 @@ def test_ingest_then_again_reads_nothing_twice(tmp_path, monkeypatch):
     assert third.output.count("already ingested") == 2 and "2 rows, 0 quarantined" in third.output, third.output
     lake = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM ingest_batches", "--format", "csv"])
     assert lake.output.split() == ["n", "3"], lake.output
+
+
+def test_ingest_follows_flywheel_toml(tmp_path, monkeypatch):
+    """The rules in [cycle.ingest.rules] hold for `flywheel ingest` as for the cycle."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    toml = tmp_path / "flywheel.toml"
+    toml.write_text("[cycle.ingest.rules]\nmax_content_chars = 300\n")
+    monkeypatch.setenv("FLYWHEEL_CONFIG", str(toml))
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    short = [json.dumps(valid_log(i)) for i in range(10)]
+    long = []
+    for i in range(10):
+        log = valid_log(i, seed=1)
+        log["messages"][1]["content"] += " " + "please show every step. " * 20
+        long.append(json.dumps(log))
+    (landing / "mixed.jsonl").write_text("\n".join(short + long) + "\n")
+    done = runner.invoke(app, ["ingest", str(landing)])
+    assert done.exit_code == 0, done.output
+    assert "10 rows, 10 quarantined" in done.output, done.output
+    kinds = runner.invoke(app, ["sql", "SELECT DISTINCT kind FROM quarantine", "--format", "csv"])
+    assert kinds.output.split() == ["kind", "too_large"], kinds.output
+
+
+def test_a_bad_flywheel_toml_stops_ingest_before_it_reads(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    toml = tmp_path / "flywheel.toml"
+    toml.write_text("[cycle.ingest]\nchunk_lins = 5\n")
+    monkeypatch.setenv("FLYWHEEL_CONFIG", str(toml))
+    write_logs(tmp_path / "a.jsonl", 3)
+    done = runner.invoke(app, ["ingest", str(tmp_path / "a.jsonl")])
+    assert done.exit_code == 2 and "cycle.ingest.chunk_lins is not a setting" in done.output, done.output
+    assert not (tmp_path / "home" / "catalog.sqlite").exists()  # nothing was opened, nothing written
