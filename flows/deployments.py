@@ -26,8 +26,8 @@ from prefect.client.schemas.schedules import CronSchedule
 from prefect.schedules import Cron, Interval, Schedule
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flows.cycle_params import CycleParams as CycleParams_
-from flows.evaluate_params import EvaluateParams as EvaluateOptions
+from flows.cycle_params import CycleParams
+from flows.evaluate_params import EvaluateParams
 from storage.settings import LakeSettings
 
 log = logging.getLogger("flywheel.deployments")
@@ -66,25 +66,23 @@ class IngestParams(BaseModel):
     paths: list[str] = Field(min_length=1, max_length=10_000,
                              description="Files, folders or s3://bucket/prefix URIs to ingest.")
     cycle_id: str = Field("manual", min_length=1, max_length=200)
-    chunk_lines: int = Field(20_000, ge=1_000, le=1_000_000)
+    chunk_lines: int | None = Field(None, ge=1_000, le=1_000_000,
+                                    description="Lines per step; default: [cycle.ingest] chunk_lines.")
 
 
-# The cycle flow's own parameter model, imported from a module without torch or vLLM.
-CycleOptions = CycleParams_
-
-
-class CycleParams(BaseModel):
-    """What a caller may pass to `flywheel-cycle`: `{"params": {...}}`, all optional."""
+class CycleRequest(BaseModel):
+    """What a caller may pass to `flywheel-cycle`: `{"params": {...}}`, all optional (the
+    flow's own parameter model, imported from a module without torch or vLLM)."""
 
     model_config = ConfigDict(extra="forbid")
-    params: CycleOptions = Field(default_factory=CycleOptions)
+    params: CycleParams = Field(default_factory=CycleParams)
 
 
-class EvaluateParams(BaseModel):
+class EvaluateRequest(BaseModel):
     """What a caller may pass to `evaluate`: `{"params": {...}}`, all optional."""
 
     model_config = ConfigDict(extra="forbid")
-    params: EvaluateOptions = Field(default_factory=EvaluateOptions)
+    params: EvaluateParams = Field(default_factory=EvaluateParams)
 
 
 @dataclass(frozen=True)
@@ -110,23 +108,16 @@ def ingest_schedule(cfg: ScheduleConfig) -> Schedule:
     return Interval(timedelta(seconds=cfg.ingest_interval_s))
 
 
-def landing_uri(settings: LakeSettings) -> str:
-    """Where serving stacks drop failure logs: the landing prefix of the bucket, or of home."""
-    if settings.uses_s3:
-        return f"s3://{settings.s3_bucket}/{settings.landing_prefix}"
-    return str((settings.home / settings.landing_prefix).resolve())
-
-
 def ingest_defaults(settings: LakeSettings) -> dict[str, Any]:
-    return {"paths": [landing_uri(settings)]}
+    return {"paths": [settings.landing_uri]}
 
 
 DEPLOYMENTS: dict[str, DeploymentSpec] = {spec.name: spec for spec in (
-    DeploymentSpec("flywheel-cycle", "flows.flywheel:flywheel_cycle", "gpu", CycleParams, cycle_schedule,
+    DeploymentSpec("flywheel-cycle", "flows.flywheel:flywheel_cycle", "gpu", CycleRequest, cycle_schedule,
                    "The whole cycle: ingest, curate, rollout, verify, train, evaluate, promote."),
     DeploymentSpec("ingest", "flows.ingest:ingest_flow", "cpu", IngestParams, ingest_schedule,
                    "Land new failure logs in the lake; bad lines go to quarantine.", ingest_defaults),
-    DeploymentSpec("evaluate", "flows.evaluate:evaluate_flow", "gpu", EvaluateParams, None,
+    DeploymentSpec("evaluate", "flows.evaluate:evaluate_flow", "gpu", EvaluateRequest, None,
                    "Evaluate a model (default: the newest candidate) against production on every "
                    "registered evaluation set; on demand."),
 )}

@@ -14,6 +14,11 @@ class EvaluateParams(BaseModel):
     evaluation_id: str | None = Field(
         None, min_length=1, max_length=200,
         description="Reuse to get a finished evaluation back instead of running it again; default: a new id.")
-    eval_samples: int = Field(8, ge=1, le=64, description="Samples per evaluation item.")
+    eval_samples: int | None = Field(None, ge=1, le=64,
+                                     description="Samples per evaluation item; default: [cycle.evaluate.engine] n.")
     apply_gate: bool = Field(False, description="Promote or reject the model as the gate decides, "
                                                 "as a cycle would; default: only report.")
+
+    def overrides(self) -> dict[str, int]:
+        """The [cycle] settings this run overrides, by path."""
+        return {} if self.eval_samples is None else {"evaluate.engine.n": self.eval_samples}

@@ -86,6 +86,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("domain", pa.string()), ("sample_idx", pa.int32()), ("reward", pa.float64()),
         ("passed", pa.bool_()), ("status", pa.string()), ("completion_tokens", pa.int32()),
         ("finish_reason", pa.string())),
+    # the gate's decision on one candidate against production in one cycle (or
+    # evaluation); `decision` holds the whole decision (interval, per-domain results)
+    "gate_decisions": _schema(
+        ("candidate", pa.string()), ("production", pa.string()), ("promoted", pa.bool_()),
+        ("reason", pa.string()), ("decision", _JSON), ("decided_at", _TS)),
     # one row per completed stage of a cycle; a rerun of the cycle skips these stages
     "cycle_stages": _schema(
         ("stage", pa.string()), ("round", pa.int32()), ("seconds", pa.float64()),

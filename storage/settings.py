@@ -71,6 +71,13 @@ class LakeSettings:
         return str((self.home / "data").resolve()) + "/"
 
     @property
+    def landing_uri(self) -> str:
+        """Where serving stacks drop failure logs: the landing prefix of the bucket, or of home."""
+        if self.uses_s3:
+            return f"s3://{self.s3_bucket}/{self.landing_prefix}"
+        return str((self.home / self.landing_prefix).resolve())
+
+    @property
     def catalog_uri(self) -> str:
         if self.catalog_dsn:
             return f"ducklake:postgres:{self.catalog_dsn}"

@@ -13,8 +13,8 @@ def cycle_command(
     cycle_id: Annotated[str | None, typer.Option(help="Reuse a failed cycle's id to resume it.")] = None,
     landing: Annotated[list[str] | None, typer.Option(help="Override the landing path (repeatable).")] = None,
     rounds: Annotated[int, typer.Option(min=1)] = 1,
-    tasks_per_round: Annotated[int, typer.Option(min=1)] = 64,
-    samples_per_task: Annotated[int, typer.Option(min=2)] = 8,
+    tasks_per_round: Annotated[int | None, typer.Option(min=1, help="Default: \\[cycle.rollout] tasks_per_round.")] = None,
+    samples_per_task: Annotated[int | None, typer.Option(min=2, help="Default: \\[cycle.rollout.engine] n.")] = None,
 ) -> None:
     """Run one flywheel cycle: ingest -> curate -> (rollout -> verify -> train) x rounds -> evaluate -> promote."""
     from storage.config_file import ConfigError

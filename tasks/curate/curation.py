@@ -28,8 +28,9 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import duckdb
 import jsonschema
@@ -45,6 +46,9 @@ from tasks.curate.evalsets import all_eval_prompts, prompt_text
 from tasks.curate.similarity.normalize import content_hash, tokenize_batch
 from verifiers.registry import VerifierConfig, self_test
 from verifiers.verdict import Verdict
+
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 SIGNATURES_TABLE = "minhash_signatures"
 
@@ -295,3 +299,8 @@ def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
     hits = decontaminate.find_contamination([r[1] for r in rows], index, cfg.decontam)
     return [{"eval_set": h.evidence["eval_set"], "item_id": h.evidence["item_id"],
              "task_id": rows[h.record][0], "evidence": h.evidence} for h in hits]
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, key: StageKey) -> dict:
+    """The curate stage: `curate` for the key's cycle."""
+    return asdict(curate(con, cfg, key.cycle_id))

@@ -46,7 +46,7 @@ class CycleConfig:
     gate: GateConfig = field(default_factory=GateConfig)
 
 
-def cycle_config() -> CycleConfig:
+def cycle_config(overrides: Mapping[str, Any] | None = None) -> CycleConfig:
     """The cycle's config as flywheel.toml and the environment say now.
 
     Stage tasks call this when they start instead of reading a constant fixed at import:
@@ -55,9 +55,46 @@ def cycle_config() -> CycleConfig:
     rerun in a fresh process (the usual case) would do anyway, so reading once per flow
     run would promise no more. It costs one small TOML parse per stage, against stages
     that take seconds to hours. Every read validates the whole section, so a bad value
-    fails the cycle's first task, before any stage has done work.
+    fails the cycle's first task, before any stage has done work. Every entry point
+    (the cycle, the ingest flow, the CLI commands, the webhook's runs, the demo) reads
+    its stage's config here; `overrides` are a run's own parameters (`with_overrides`).
     """
-    return cycle_config_from(load_toml().get("cycle", {}), env=os.environ)
+    return with_overrides(cycle_config_from(load_toml().get("cycle", {}), env=os.environ), overrides or {})
+
+
+def with_overrides(config: D, overrides: Mapping[str, Any]) -> D:
+    """`config` with a run's overrides set, each named by its path below [cycle]
+    (`{"rollout.tasks_per_round": 8}`); a run's parameters win over the file, but only
+    those the run gives. Each level is rebuilt with `dataclasses.replace`, so the
+    stage's own checks judge the value."""
+    for path, value in overrides.items():
+        follower = _FOLLOWERS.get(path)
+        if follower is not None:  # set first, so the pair is never out of bounds
+            current = _get_path(config, follower.split("."))
+            config = _set_path(config, follower.split("."), min(current, value), follower)
+        config = _set_path(config, path.split("."), value, path)
+    return config
+
+
+# A setting bounded by another follows it down when a run overrides that one: pass@k
+# needs k <= G, so a run sampling 2 answers per evaluation item reports pass@2.
+_FOLLOWERS = {"evaluate.engine.n": "evaluate.k"}
+
+
+def _get_path(node: Any, names: list[str]) -> Any:
+    for name in names:
+        node = getattr(node, name)
+    return node
+
+
+def _set_path(node: Any, names: list[str], value: Any, path: str) -> Any:
+    if not dataclasses.is_dataclass(node) or names[0] not in {f.name for f in dataclasses.fields(node)}:
+        raise ConfigError(f"cycle.{path} is not a setting")
+    inner = value if len(names) == 1 else _set_path(getattr(node, names[0]), names[1:], value, path)
+    try:
+        return dataclasses.replace(node, **{names[0]: inner})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"cycle.{path} = {value!r}: {exc}") from exc
 
 
 def cycle_config_from(section: Any, env: Mapping[str, str] | None = None) -> CycleConfig:

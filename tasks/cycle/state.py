@@ -20,6 +20,7 @@ import pyarrow as pa
 from storage.config_file import lake_settings
 from storage.lake import append_rows, current_snapshot, open_lake, transaction
 from storage.schemas import SCHEMAS
+from tasks.release.models import production_version
 
 
 def stage_record(con: duckdb.DuckDBPyConnection, cycle_id: str, stage: str, round_: int) -> dict | None:
@@ -53,20 +54,23 @@ def run_stage(cycle_id: str, stage: str, work: Callable[[duckdb.DuckDBPyConnecti
         con.close()
 
 
-def begin_cycle(cycle_id: str) -> None:
-    """Insert the cycle's row as `running` unless a rerun finds it already there."""
+def begin_cycle(cycle_id: str) -> str:
+    """Insert the cycle's row as `running` unless a rerun finds it already there; return
+    the production model the cycle starts from."""
     con = open_lake(lake_settings())
     try:
         if con.execute("SELECT count(*) FROM lake.cycles WHERE cycle_id = ?", [cycle_id]).fetchone()[0]:
             with transaction(con):
                 con.execute("UPDATE lake.cycles SET status = 'running', reason = NULL WHERE cycle_id = ?",
                             [cycle_id])
-            return
+            return production_version(con)
         with transaction(con, message=f"cycle {cycle_id} started"):
             append_rows(con, "cycles", pa.Table.from_pylist([{
                 "started_at": datetime.now(timezone.utc), "finished_at": None, "status": "running",
                 "snapshot_id": None, "stage_seconds": "{}", "stage_counts": "{}", "reason": None,
                 "cycle_id": cycle_id}], schema=SCHEMAS["cycles"]))
+        # after the row exists: a cycle without a production model is recorded as failed
+        return production_version(con)
     finally:
         con.close()
 

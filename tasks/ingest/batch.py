@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
@@ -37,9 +38,11 @@ from tasks.ingest.chunks import (SetAside, batch_tables, judge_chunk, judge_set_
 from tasks.ingest.lines import read_chunks
 from tasks.ingest.progress import ingest_progress
 from tasks.ingest.scan import ScannedChunks
-from tasks.ingest.sources import local_version, object_version
+from tasks.ingest.sources import find_sources, local_version, object_version, split_unchanged
 from tasks.ingest.checks import LogRules, known_verdicts
 
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 _BESIDE = ThreadPoolExecutor(1, thread_name_prefix="ingest-set-aside")
 
@@ -87,6 +90,22 @@ class BatchResult:
     def unchanged(cls, source_uri: str, batch_id: str) -> BatchResult:
         """A file skipped because it was ingested before at its current version."""
         return cls(batch_id, source_uri, 0, 0, True, 0.0)
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: IngestConfig, key: StageKey) -> dict:
+    """The ingest stage: each new or changed file under the key's landing paths (default:
+    the configured landing) becomes one batch; unchanged files are counted as skipped."""
+    settings = lake_settings()
+    paths = list(key.landing)
+    if not paths:
+        paths = [settings.landing_uri]
+        if not settings.uses_s3:
+            Path(paths[0]).mkdir(parents=True, exist_ok=True)
+    pending, unchanged = split_unchanged(con, find_sources(paths, settings, allow_empty=True))
+    results = [ingest_source(con, settings, source.uri, cfg, key.cycle_id) for source in pending]
+    return {"files": len(results) + len(unchanged), "skipped": sum(r.skipped for r in results) + len(unchanged),
+            "rows_ok": sum(r.rows_ok for r in results),
+            "rows_quarantined": sum(r.rows_quarantined for r in results)}
 
 
 def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: str,

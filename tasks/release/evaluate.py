@@ -30,9 +30,11 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
 from storage.lake import append_rows, transaction
@@ -40,11 +42,15 @@ from storage.schemas import SCHEMAS
 from tasks.curate import decontaminate
 from tasks.release.gate import GateConfig, bootstrap_ci
 from tasks.curate.holdout import is_heldout
-from tasks.release.passk import mean_pass_at_k
+from tasks.release.passk import item_scores, mean_pass_at_k
 from tasks.round.scoring import FanOut, score_rows
 from trainer import engine
 from verifiers.registry import VerifierConfig
-from verifiers.verdict import INFRA_STATUSES
+from storage.config_file import lake_settings
+from tasks.release.models import local_model_dir
+
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 FRESH_SET = "fresh-failures"
 Generate = Callable[..., list[engine.Sample]]
@@ -211,21 +217,6 @@ def write_evaluations(con: duckdb.DuckDBPyConnection, rows: list[dict], policy_v
         append_rows(con, "evaluations", table)
 
 
-def _item_scores(rows: list[dict]) -> list[dict]:
-    """Per item: n judged samples, c passed, score = c / n (None when nothing was judged)."""
-    grouped: dict[tuple[str, str], dict] = {}
-    for row in rows:
-        key = (row["eval_set"], row["item_id"])
-        item = grouped.setdefault(key, {"eval_set": key[0], "item_id": key[1], "domain": row["domain"],
-                                        "n": 0, "c": 0})
-        if row["status"] not in INFRA_STATUSES:
-            item["n"] += 1
-            item["c"] += int(row["passed"])
-    for item in grouped.values():
-        item["score"] = item["c"] / item["n"] if item["n"] else None
-    return list(grouped.values())
-
-
 def _rates(scores: list[dict], k: int, ci: GateConfig | None = None) -> dict:
     judged = [s for s in scores if s["n"] > 0]
     n, c = np.array([s["n"] for s in judged]), np.array([s["c"] for s in judged])
@@ -254,7 +245,7 @@ def process_metrics(rows: list[dict]) -> dict:
 def summarize(rows: list[dict], contaminated: dict[tuple[str, str], list[dict]], cfg: EvalConfig,
               policy_version: str, cycle_id: str) -> EvalSummary:
     clean = [r for r in rows if not r["contaminated"]]
-    scores = _item_scores(clean)
+    scores = item_scores(pl.DataFrame(clean, infer_schema_length=None)) if clean else []
     ci = GateConfig(resamples=cfg.resamples, confidence=cfg.confidence, seed=cfg.seed)
     by_set, by_domain = defaultdict(list), defaultdict(list)
     for s in scores:
@@ -325,3 +316,18 @@ def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cf
         write_evaluations(con, rows, policy.version, cycle_id)
         summaries.append(summarize(rows, contaminated, cfg, policy.version, cycle_id))
     return summaries
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, key: StageKey) -> dict:
+    """The evaluate stage: the key's candidate (`policy`) and `production` on every
+    evaluation set; production is checked for contamination by the candidate's training
+    tasks too, so both headlines stand on the same clean items."""
+    if key.policy == key.production:
+        return {"evaluated": False}
+    settings = lake_settings()
+    cand, prod = evaluate_policies(con, [
+        Policy(str(local_model_dir(settings, con, key.policy)), key.policy),
+        Policy(str(local_model_dir(settings, con, key.production)), key.production, also_check=(key.policy,))],
+        cfg, key.cycle_id)
+    return {"evaluated": True, "candidate": cand.headline, "production": prod.headline,
+            "contaminated": len(cand.contaminated)}

@@ -87,3 +87,16 @@ def register_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model
             "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id}],
             schema=SCHEMAS["models"]))
     return version
+
+
+def pick_models(con: duckdb.DuckDBPyConnection, policy_version: str | None) -> dict:
+    """The model an on-demand evaluation judges (default: the newest candidate) and the
+    production model it is compared with; a model that is not there, or is production
+    itself, is an error that says so."""
+    production = production_version(con)
+    candidate = policy_version or newest_candidate(con)
+    if not con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [candidate]).fetchone()[0]:
+        raise ModelNotFound(f"no model {candidate!r} in the lake (`flywheel model list` shows them)")
+    if candidate == production:
+        raise ValueError(f"{candidate} is the production model: there is nothing to compare it with")
+    return {"candidate": candidate, "production": production}

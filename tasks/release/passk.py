@@ -6,12 +6,17 @@ The binomial coefficients overflow long before n gets interesting, so it is comp
 as the product 1 - prod_{i=n-c+1}^{n} (1 - k / i) (their numerically stable form).
 Per item, then averaged over items. pass@1 reduces to c / n, the mean pass rate.
 
-Not here: which samples count. Callers drop samples the verifier could not judge
-(timeouts, sandbox errors) before counting, since those say nothing about the model.
+Which samples count is `item_scores`: samples the verifier could not judge (timeouts,
+sandbox errors) say nothing about the model and are left out of n. The evaluate stage
+(scoring its fresh samples) and the gate stage (reading `evaluations`) both count
+through it.
 """
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
+
+from verifiers.verdict import INFRA_STATUSES
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -33,3 +38,18 @@ def mean_pass_at_k(n: np.ndarray | list[int], c: np.ndarray | list[int], k: int)
     if n.size == 0:
         return float("nan")
     return float(np.mean([pass_at_k(int(a), int(b), k) for a, b in zip(n, c)]))
+
+
+def item_scores(samples: pl.DataFrame) -> list[dict]:
+    """Per item (eval_set, item_id), in first-seen order: its domain, n judged samples,
+    c passed, score = c / n (None when no sample was judged).
+
+    `samples` has one row per sample: eval_set, item_id, domain, status, passed.
+    """
+    if samples.is_empty():
+        return []
+    judged = ~pl.col("status").is_in(sorted(INFRA_STATUSES))
+    per_item = samples.group_by("eval_set", "item_id", maintain_order=True).agg(
+        pl.col("domain").first(), judged.sum().cast(pl.Int64).alias("n"),
+        (pl.col("passed") & judged).sum().cast(pl.Int64).alias("c"))
+    return [{**row, "score": row["c"] / row["n"] if row["n"] else None} for row in per_item.to_dicts()]

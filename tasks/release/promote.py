@@ -13,12 +13,17 @@ Rollback is a manual promotion of an older model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from storage.lake import transaction
+from tasks.release.decisions import NOTHING_TRAINED, recorded_decision
 from tasks.release.gate import GateDecision
 from tasks.reports.cycle_report import pass_at_1_by_cycle
+
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 RETIRED = "retired"
 
@@ -80,3 +85,13 @@ def list_models(con: duckdb.DuckDBPyConnection) -> list[dict]:
                     "pass@1": score["pass@1"] if score else None,
                     "evaluated_in": score["cycle_id"] if score else None})
     return out
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: None, key: StageKey) -> dict:
+    """The promote stage: apply the gate's recorded decision on the key's candidate."""
+    decision = recorded_decision(con, key.cycle_id, key.policy) if key.policy != key.production else None
+    if decision is None:
+        return {"promoted": False, "reason": "no decision: nothing was evaluated against production"
+                if key.policy != key.production else NOTHING_TRAINED}
+    record_gate(con, key.policy, decision, key.cycle_id)
+    return {"promoted": decision.promoted, "reason": decision.reason}

@@ -29,9 +29,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window: reports run in workers without a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tasks.release.gate import GateConfig, GateDecision, bootstrap_ci  # noqa: E402
+from storage.config_file import lake_settings  # noqa: E402
+from storage.lake import open_lake  # noqa: E402
+from tasks.release.decisions import recorded_decision  # noqa: E402
+from tasks.release.gate import GateConfig, bootstrap_ci  # noqa: E402
+from verifiers.verdict import INFRA_STATUSES_SQL  # noqa: E402
 
-_JUDGED = "status NOT IN ('timeout', 'sandbox_error')"
+_JUDGED = f"status NOT IN {INFRA_STATUSES_SQL}"
 # Contaminated items are scored but never counted; rows written before the flag
 # existed (NULL) count as clean.
 _CLEAN = "contaminated IS NOT TRUE"
@@ -188,9 +192,9 @@ def summary_markdown(cycle_id: str, funnel_rows: list[dict], evaluation: list[di
     return "\n".join(parts)
 
 
-def build_report(con: duckdb.DuckDBPyConnection, cycle_id: str, home: Path,
-                 gate: GateDecision | None = None, ci: GateConfig | None = None) -> Report:
+def build_report(con: duckdb.DuckDBPyConnection, cycle_id: str, home: Path, ci: GateConfig | None = None) -> Report:
     """Write the cycle's report files under home/reports/<cycle_id>/ and return their content."""
+    gate = recorded_decision(con, cycle_id)
     folder = Path(home) / "reports" / _safe(cycle_id)
     folder.mkdir(parents=True, exist_ok=True)
     funnel_rows = funnel(con, cycle_id)
@@ -240,3 +244,37 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def _safe(cycle_id: str) -> str:
     """A folder name for the cycle: ids are ours, but a path separator must never escape home."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", cycle_id) or "_"
+
+
+def report_cycle(cycle_id: str) -> Path:
+    """Build the cycle's report from the lake and publish it as Prefect artifacts."""
+    settings = lake_settings()
+    con = open_lake(settings, read_only=True)
+    try:
+        report = build_report(con, cycle_id, settings.home)
+    finally:
+        con.close()
+    publish_report(report)
+    return report.folder
+
+
+def publish_evaluation(evaluation_id: str, models: dict, applied: dict | None) -> None:
+    """An on-demand evaluation's pass@1 table and the gate's answer as Prefect artifacts."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    con = open_lake(lake_settings(), read_only=True)
+    try:
+        table = evaluation_table(con, evaluation_id, GateConfig())
+        decision = recorded_decision(con, evaluation_id, models["candidate"])
+    finally:
+        con.close()
+    create_table_artifact(table or [{"policy_version": None}], key="flywheel-evaluation",
+                          description=f"evaluation {evaluation_id}: pass@1 with intervals")
+    verdict = (f"**{'PROMOTE' if decision.promoted else 'REJECT'}** — {decision.reason}" if decision
+               else "no decision")
+    action = ("applied to `models`: " + applied["reason"] if applied is not None
+              else "not applied (`apply_gate` is off); `models` is unchanged")
+    create_markdown_artifact(
+        f"# evaluation `{evaluation_id}`\n\ncandidate `{models['candidate']}` against production "
+        f"`{models['production']}`\n\n{verdict}\n\n{action}\n",
+        key="flywheel-gate", description=f"evaluation {evaluation_id}: the gate's decision")

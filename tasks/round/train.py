@@ -7,7 +7,8 @@ the job's per-step metrics to `train_steps` and the new policy to `models` (stat
 `candidate`, with its parent) in one DuckLake commit. The
 policy version is a content hash of (parent, round, rollout ids, config), so a rerun
 of the same round resumes the same job directory and writes nothing twice.
-Not here: uploading the folder to the object store (the `uri` is the local folder).
+`run` (the stage) then stores the folder in the bucket when the lake is on S3, so any
+worker can load it; `train_policy` alone leaves `uri` the local folder.
 """
 from __future__ import annotations
 
@@ -16,16 +17,22 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.config_file import lake_settings
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
 from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
+from tasks.release.models import local_model_dir, publish_model
 from trainer.launch import run_training
+
+if TYPE_CHECKING:
+    from tasks.stages import StageKey
 
 
 @dataclass(frozen=True)
@@ -100,3 +107,24 @@ def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_
         append_rows(con, "train_steps", train_step_rows(read_metrics(job_dir), version, cycle_id))
         append_rows(con, "models", model_row(version, parent_version, str(trained), cycle_id))
     return version
+
+
+def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) -> dict:
+    """The train stage: GRPO on the round's scored rollouts. Its `policy_version` is the
+    new candidate, or the key's policy unchanged when no rollout of the round was scored."""
+    scored = con.execute("SELECT count(*) FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) "
+                         "WHERE r.cycle_id = ? AND r.round = ?", [key.cycle_id, key.round]).fetchone()[0]
+    if scored == 0:
+        return {"policy_version": key.policy, "trained": False}
+    settings = lake_settings()
+    base = local_model_dir(settings, con, key.policy)
+    version = train_policy(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg)
+    if settings.uses_s3:
+        uri = publish_model(settings, local_model_dir(settings, con, version), version)
+        with transaction(con, message=f"model {version[:12]} stored at {uri}"):
+            con.execute("UPDATE lake.models SET uri = ? WHERE policy_version = ?", [uri, version])
+    # every step row carries the job's group counts
+    steps = con.execute("SELECT count(*), max(groups_kept), max(groups_dropped) FROM lake.train_steps "
+                        "WHERE policy_version = ?", [version]).fetchone()
+    return {"policy_version": version, "trained": True, "steps": steps[0],
+            "groups_kept": int(steps[1] or 0), "groups_dropped": int(steps[2] or 0)}

@@ -32,10 +32,10 @@ TABLES = ("ingest_batches", "failure_logs", "quarantine", "eval_items", "tasks",
 # is covered by tests/trainer/test_engine.py).
 SMALL_CONFIG = textwrap.dedent("""
     [cycle.rollout]
-    tasks_per_round = 12
+    tasks_per_round = 64
     [cycle.rollout.engine]
     backend = "transformers"
-    n = 4
+    n = 8
     max_tokens = 6
     temperature = 1.0
     [cycle.train.grpo]

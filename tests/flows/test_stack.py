@@ -19,7 +19,7 @@ from storage.lake import open_lake
 from tests.flows.prefect_stack import STACK_MIN_GAIN
 
 pytestmark = pytest.mark.slow
-STAGES = ["ingest", "curate", "rollout", "verify", "train", "evaluate", "promote"]
+STAGES = ["ingest", "curate", "rollout", "verify", "train", "evaluate", "gate", "promote"]
 
 
 def _query(settings, sql: str, params: list | None = None) -> list[tuple]:

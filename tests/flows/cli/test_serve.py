@@ -115,15 +115,15 @@ def test_the_evaluate_parameter_mirror_matches_the_evaluate_flow():
     assert DEPLOYMENTS["evaluate"].pool == "gpu" and DEPLOYMENTS["evaluate"].schedule is None
     # what the webhook accepts is what the flow accepts
     body = {"params": {"policy_version": "abc", "eval_samples": 4, "apply_gate": True}}
-    assert deployments.EvaluateParams.model_validate(body).params.eval_samples == 4
+    assert deployments.EvaluateRequest.model_validate(body).params.eval_samples == 4
     with pytest.raises(ValueError):
-        deployments.EvaluateParams.model_validate({"params": {"eval_samples": 0}})
+        deployments.EvaluateRequest.model_validate({"params": {"eval_samples": 0}})
 
 
 def test_a_drifted_mirror_is_refused():
     from pydantic import BaseModel, Field
 
-    class Drifted(deployments.CycleOptions):
+    class Drifted(deployments.CycleParams):
         rounds: int = Field(1, ge=1, le=99)
 
     class Wrapper(BaseModel):
@@ -134,6 +134,6 @@ def test_a_drifted_mirror_is_refused():
 
 
 def test_a_parameter_model_naming_what_the_flow_lacks_is_refused():
-    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=deployments.CycleParams)
+    spec = dataclasses.replace(DEPLOYMENTS["ingest"], params=deployments.CycleRequest)
     with pytest.raises(deployments.DeploymentError, match="does not accept"):
         deployments.load_flow(spec)

@@ -9,8 +9,11 @@ import pytest
 from storage.lake import append_rows, open_lake, transaction
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
+from tasks.release import decisions
+from tasks.release.decisions import item_scores
 from tasks.release.gate import GateConfig, decide
 from tasks.reports.cycle_report import build_report, pass_at_1_by_cycle, publish_report
+from tasks.stages import StageKey
 
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
@@ -78,7 +81,13 @@ def test_report_files_and_numbers(lake, tmp_path):
     v1 = [{"eval_set": "arith", "item_id": i, "domain": "math", "score": s} for i, s in
           (("i1", 0.5), ("i2", 0.0), ("i3", 0.0), ("i4", 1.0))]
     gate = decide(v2, v1, GateConfig())
-    report = build_report(lake, "c2", tmp_path / "home", gate=gate)
+    # the gate stage reads the same per-item scores from `evaluations` and records the decision
+    key = StageKey("c2", policy="v2", production="v1")
+    assert sorted(item_scores(lake, "v2", "c2"), key=lambda r: r["item_id"]) == [
+        {**r, "n": n, "c": c} for r, (n, c) in zip(v2, [(2, 2), (2, 1), (1, 0)])]
+    assert decisions.run(lake, GateConfig(), key)["decision"] == gate.to_dict()
+    assert decisions.recorded_decision(lake, "c2", "v2") == gate
+    report = build_report(lake, "c2", tmp_path / "home")
 
     folder = tmp_path / "home" / "reports" / "c2"
     assert report.folder == folder
