@@ -12,9 +12,10 @@ from flows.demo.data.code import sample_code
 from flows.demo.data.json_tasks import sample_json
 from flows.demo.data.math_tasks import sample_math
 from flows.demo.data.vocab import FOLLOW_UPS, SYSTEM_PROMPTS
+from verifiers.registry import DEFAULT_DOMAIN_MAP
 
 DOMAINS = ("math", "code", "json")
-DEFAULT_VERIFIERS = {"math": "math", "code": "code", "json": "json_schema"}
+DEFAULT_VERIFIERS = DEFAULT_DOMAIN_MAP  # the demo's domains use the verifiers a user's would
 _SAMPLERS = {"math": sample_math, "code": sample_code, "json": sample_json}
 
 
