@@ -130,7 +130,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, behaviour_logp: torc
     kl_tok = k3_kl(logp, ref_logp if ref_logp is not None else old_logp)
     if kl_coef:
         if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs reference logprobs (GRPOConfig.ref_model)")
+            raise ValueError("kl_coef > 0 needs reference logprobs (TrainJob.ref_model)")
         per_token = per_token + kl_coef * kl_tok
     loss = aggregate(per_token, mask, mode, max_tokens, total_tokens)
     m = mask.to(logp.dtype)

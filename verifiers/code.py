@@ -1,7 +1,7 @@
 """`code`: run the completion's program against the spec's tests in the sandbox.
 
 The program is the completion's last fenced ```python block, or the whole completion
-when it has none (DESIGN.md). The spec is {"entry_point": "f", "tests": "<source
+when it has none (docs/architecture.md). The spec is {"entry_point": "f", "tests": "<source
 defining check(candidate)>", "solution": optional known-good program}. Inside the
 sandbox, `code_harness.py` runs program, tests, then `check(entry_point)` and reports
 one result line that carries a per-run random nonce; how the nonce is kept out of the

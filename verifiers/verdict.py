@@ -3,7 +3,7 @@
 A verdict is data, not control flow: verifiers never raise into the pipeline, they
 return a verdict whose `status` says what happened. `timeout` and `sandbox_error`
 are infrastructure failures; the trainer keeps them out of advantages instead of
-scoring them as wrong answers (see DESIGN.md, "Verifier spec").
+scoring them as wrong answers (docs/architecture.md, "Verifiers").
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def model_list_command() -> None:
         score = "-" if r["pass@1"] is None else f"{r['pass@1']:.3f}"
         table.add_row(r["policy_version"], r["parent_version"] or "-", r["status"], score,
                       r["evaluated_in"] or "-", r["reason"] or "")
-    console.print(table if rows else "no models yet (flywheel model init, then a cycle)")
+    console.print(table if rows else "no models yet: `flywheel model register DIR` makes one production (`flywheel demo` builds one)")
 
 
 def model_promote_command(

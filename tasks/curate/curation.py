@@ -142,7 +142,7 @@ def mark_unverifiable(cands: list[Candidate], cfg: CurateConfig) -> None:
 
 
 def _self_test(verifier: str, spec: dict, cfg: CurateConfig) -> Verdict:
-    # DESIGN.md gives JSON tasks a reference of {"schema": ...} alone, and the registry's
+    # docs/architecture.md gives JSON tasks a reference of {"schema": ...} alone, and the registry's
     # self-test needs an example answer, so such a task could never pass. Until the
     # registry checks schema-only specs itself (as it checks code specs without a
     # solution), a well-formed schema is what proves the task usable.

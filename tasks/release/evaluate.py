@@ -16,7 +16,7 @@ item that a training task copies is still generated and scored (its rows carry
 strongest evidence), so a prompt copying two items flags only one of them.
 
 Scoring: samples whose verdict is `timeout` or `sandbox_error` say nothing about the
-model (DESIGN.md) and are left out of n; an item with no judged sample is unscored.
+model (docs/architecture.md, "Verifiers") and are left out of n; an item with no judged sample is unscored.
 pass@1 and pass@k use the unbiased estimator (`tasks.release.passk`), per set and per domain.
 
 Rows go to `evaluations`, one per item x sample, replacing any rows this

@@ -2,7 +2,7 @@
 
 Used by `flywheel demo-data` and, later, to simulate production traffic. A task is a
 dict with `domain`, `prompt` (the user's text), `reference` (the verifier spec of
-DESIGN.md), `gold` (a completion that passes the verifier), `response` and `failure`
+docs/architecture.md), `gold` (a completion that passes the verifier), `response` and `failure`
 (a plausible failed answer and how it failed) and `key` (what makes two tasks the same
 problem, so evaluation items can be kept apart from training logs).
 """

@@ -2,7 +2,7 @@
 
 Writes, under one folder:
 - `landing/logs-000.jsonl`, `logs-001.jsonl.gz`, ... one failure log per line in the
-  DESIGN.md format (every other file gzipped, at most `lines_per_file` lines each, a few
+  failure-log format of docs/architecture.md (every other file gzipped, at most `lines_per_file` lines each, a few
   blank lines that ingest must skip);
 - `evalsets/{math,code,json}.jsonl`: evaluation items `{id, domain, prompt, reference}`;
 - `manifest.json`: which log ids are clean, which are exact or near duplicates of which,

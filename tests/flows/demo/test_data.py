@@ -26,7 +26,7 @@ def read_lines(out: Path, name: str) -> list[str]:
 
 
 def problem(line: str) -> str | None:
-    """An independent reading of DESIGN.md's failure-log contract: which rule a line breaks."""
+    """An independent reading of the failure-log contract of docs/architecture.md: which rule a line breaks."""
     try:
         rec = json.loads(line)
     except json.JSONDecodeError:
