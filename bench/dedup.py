@@ -6,15 +6,21 @@ Records are generated here: prompts of 2-4 sentences drawn from a Zipf vocabular
 with planted near-duplicate families (copies of an earlier prompt with one or two
 word edits plus case/punctuation noise) and hard negatives (prompts that share their
 first sentences with another prompt, Jaccard ~0.3-0.6, which must not merge).
-Both pipelines start from raw text, use the same normalisation, the same word-bigram
-shingles, the same num_perm and threshold, and verify LSH candidates by exact Jaccard
-on the shingle sets; datasketch chooses its own banding for the threshold (as its
-users do). datasketch's MinHash.bulk + MinHashLSH is timed on the first
---baseline-records records (its rate does not depend on the batch size; 200k would
-take minutes), flywheel on the same subset and on all records. The ratio compares
-records/s, by wall time and by this process's CPU time (on a shared machine other jobs
-stretch wall time unevenly between the two pipelines). Decontamination runs every
-record against --eval-items generated items; 1% of the records are reformatted copies.
+
+flywheel is timed in the function curation runs, `tasks.curate.curation.mark_duplicates`:
+each prompt, in arrival order, becomes a near duplicate of the most similar task kept
+before it (LSH candidates verified by exact Jaccard on word-bigram shingles) or a task
+of its own. datasketch does the same work the way its users would: MinHash.bulk, then
+for each prompt in order a MinHashLSH query over the kept prompts, the same exact
+Jaccard check, and an insert when it is kept. Both start from raw text, use the same
+normalisation, shingles, num_perm and threshold; datasketch chooses its own banding for
+the threshold. datasketch runs on the first --baseline-records records (its rate does
+not depend on the batch size; 200k would take minutes), flywheel on the same subset and
+on all records. The ratio compares records/s, by wall time and by this process's CPU
+time (on a shared machine other jobs stretch wall time unevenly between the two).
+Decontamination runs every record against --eval-items generated items, through
+`decontaminate.find_contamination` as curation does; 1% of the records are reformatted
+copies.
 """
 from __future__ import annotations
 
@@ -29,9 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.curate import decontaminate  # noqa: E402
+from tasks.curate import curation, decontaminate  # noqa: E402
 from tasks.curate.similarity import minhash  # noqa: E402
-from tasks.curate.similarity.normalize import strong_tokens  # noqa: E402
+from tasks.curate.similarity.normalize import content_hash, strong_tokens  # noqa: E402
 
 
 def make_vocabulary(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -115,36 +121,51 @@ def _since(start: tuple[float, float]) -> tuple[float, float]:
 
 
 def run_datasketch(texts: list[str], cfg: minhash.MinHashConfig) -> tuple[np.ndarray, tuple, tuple]:
+    """Greedy near-duplicate marking with datasketch; per text, the kept text it joins (itself if kept)."""
     from datasketch import MinHash, MinHashLSH
 
     start = _clock()
     sets = [python_shingles(t, cfg.ngram) for t in texts]
     sketches = MinHash.bulk([[s.encode() for s in st] for st in sets], num_perm=cfg.num_perm)
     lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
-    pairs = []
+    joined = np.arange(len(texts), dtype=np.int64)
     for i, sketch in enumerate(sketches):
-        for j in lsh.query(sketch):
+        best = None
+        for j in lsh.query(sketch):  # only kept texts are in the index
             union = len(sets[i] | sets[j])
-            if union and len(sets[i] & sets[j]) / union >= cfg.threshold:
-                pairs.append((j, i))
-        lsh.insert(i, sketch)
-    reps = minhash.cluster_pairs(len(texts), np.array(pairs, dtype=np.int64).reshape(-1, 2))
-    return reps, _since(start), (lsh.b, lsh.r)
+            sim = len(sets[i] & sets[j]) / union if union else 0.0
+            if sim >= cfg.threshold and (best is None or sim > best[0]):
+                best = (sim, j)
+        if best is None:
+            lsh.insert(i, sketch)
+        else:
+            joined[i] = best[1]
+    return joined, _since(start), (lsh.b, lsh.r)
 
 
 def run_flywheel(texts: list[str], cfg: minhash.MinHashConfig) -> tuple[np.ndarray, tuple]:
+    """curation.mark_duplicates on a fresh lake (no earlier tasks); per text, the kept text it joins."""
+    cands = [curation.Candidate(str(i), "math", [], text, {}, content_hash(text)) for i, text in enumerate(texts)]
+    empty = curation.ExistingTasks([], [], np.empty((0, cfg.banding[0]), dtype=np.uint64))
     start = _clock()
-    found = minhash.find_near_duplicates(minhash.sketch_texts(texts, cfg, keep_signatures=False), cfg)
-    return found.representative, _since(start)
+    curation.mark_duplicates(cands, empty, cfg)
+    elapsed = _since(start)
+    first = {}
+    for i, cand in enumerate(cands):
+        first.setdefault(cand.task_id, i)
+    return np.array([first[c.decided_task] for c in cands], dtype=np.int64), elapsed
 
 
-def score(reps: np.ndarray, family: np.ndarray, planted: list[tuple[int, int]],
+def score(joined: np.ndarray, family: np.ndarray, planted: list[tuple[int, int]],
           true_pairs: np.ndarray) -> tuple[float, int]:
-    """(recall on planted pairs with Jaccard >= threshold, texts merged into another family)."""
-    n = reps.size
-    pairs = [(c, o) for (c, o), ok in zip(planted, true_pairs) if ok and c < n and o < n]
-    recall = np.mean([reps[c] == reps[o] for c, o in pairs]) if pairs else float("nan")
-    return float(recall), int((family[reps] != family[:n]).sum())
+    """(recall: planted copies with Jaccard >= threshold to an original that was kept,
+    marked a near duplicate of their own family; texts joined to another family's task).
+    Only kept prompts are joined, so a copy of a copy is judged against the kept root
+    and counts only when its own original was kept."""
+    n = joined.size
+    copies = [c for (c, o), ok in zip(planted, true_pairs) if ok and c < n and o < n and joined[o] == o]
+    recall = np.mean([joined[c] != c and family[joined[c]] == family[c] for c in copies]) if copies else float("nan")
+    return float(recall), int((family[joined] != family[:n]).sum())
 
 
 def planted_jaccard(texts: list[str], planted: list[tuple[int, int]], n: int) -> np.ndarray:

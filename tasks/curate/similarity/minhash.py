@@ -300,44 +300,6 @@ def exact_jaccard(left: Shingles, right: Shingles, pairs: np.ndarray) -> np.ndar
     return out
 
 
-def cluster_pairs(n: int, pairs: np.ndarray) -> np.ndarray:
-    """Union-find over verified pairs: for each text, the smallest index in its cluster.
-
-    The smallest index keeps the choice deterministic: callers order texts so that the
-    earliest one (first seen, or already a task) is the one kept. Only texts in some
-    pair enter the (Python) union-find; the rest are their own cluster.
-    """
-    out = np.arange(n, dtype=np.int64)
-    if pairs.size == 0:
-        return out
-    nodes = lsh.sorted_unique(pairs.ravel())  # ascending, so local order = global order
-    parent = list(range(nodes.size))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]  # path halving
-            i = parent[i]
-        return i
-
-    for i, j in np.searchsorted(nodes, pairs).tolist():
-        ri, rj = root(i), root(j)
-        if ri != rj:
-            parent[max(ri, rj)] = min(ri, rj)
-    out[nodes] = nodes[[root(i) for i in range(nodes.size)]]
-    return out
-
-
-@dataclass(frozen=True)
-class NearDuplicates:
-    """Per text: representative (smallest index of its cluster; itself when kept), the
-    verified partner with the highest Jaccard (-1 if none) and that Jaccard."""
-
-    representative: np.ndarray
-    partner: np.ndarray
-    similarity: np.ndarray
-    candidates: int  # pairs banding proposed, before verification
-
-
 def best_partners(n: int, pairs: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each text, its most similar verified partner (ties: smallest index) and the Jaccard."""
     partner = np.full(n, -1, dtype=np.int64)
@@ -361,40 +323,25 @@ class Sketches:
     """Everything near-duplicate search needs about a batch of texts, row for row."""
 
     shingles: Shingles
-    signatures: np.ndarray | None  # (n, num_perm) uint32, when kept
+    signatures: np.ndarray  # (n, num_perm) uint32
     keys: np.ndarray  # (n, bands) uint64
 
 
-def sketch_texts(texts: list[str], cfg: MinHashConfig, chunk: int = 2048,
-                 keep_signatures: bool = True) -> Sketches:
+def sketch_texts(texts: list[str], cfg: MinHashConfig, chunk: int = 2048) -> Sketches:
     """Tokenise, shingle, sign and band texts, `chunk` texts at a time.
 
     Chunks keep every intermediate array small: on this kind of machine touching a
-    fresh 100 MB array costs more than the arithmetic done on it. Clustering one batch
-    needs only band keys and shingles; keep signatures to persist or probe them later.
+    fresh 100 MB array costs more than the arithmetic done on it.
     """
     bands = cfg.banding[0]
-    sigs = np.empty((len(texts), cfg.num_perm), dtype=np.uint32) if keep_signatures else None
+    sigs = np.empty((len(texts), cfg.num_perm), dtype=np.uint32)
     keys = np.empty((bands, len(texts)), dtype=_U64)
     parts = []
     for start in range(0, len(texts), chunk):
         part = shingle_batch(tokenize_batch(texts[start:start + chunk]), cfg.ngram)
         rows = signature_rows(part, cfg)
         keys[:, start:start + part.count] = band_keys_of_rows(rows, cfg).T
-        if sigs is not None:
-            sigs[start:start + part.count] = rows.T
+        sigs[start:start + part.count] = rows.T
         parts.append(part)
     shingles = Shingles.concat(parts) if parts else Shingles(np.empty(0, np.uint32), np.zeros(1, np.int64))
     return Sketches(shingles, sigs, keys.T)
-
-
-def find_near_duplicates(sketches: Sketches, cfg: MinHashConfig) -> NearDuplicates:
-    """Near-duplicate clusters of one batch: band, verify by exact Jaccard, union-find."""
-    shingles = sketches.shingles
-    pairs = candidate_pairs(sketches.keys, cfg)
-    sims = exact_jaccard(shingles, shingles, pairs)
-    keep = sims >= cfg.threshold
-    verified, verified_sims = pairs[keep], sims[keep]
-    partner, similarity = best_partners(shingles.count, verified, verified_sims)
-    return NearDuplicates(cluster_pairs(shingles.count, verified), partner, similarity,
-                          candidates=int(pairs.shape[0]))

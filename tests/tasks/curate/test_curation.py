@@ -4,11 +4,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from storage.lake import open_lake
 from storage.settings import LakeSettings
-from tasks.curate.curation import CurateConfig, covered_eval_items, curate
+from tasks.curate.curation import (Candidate, CurateConfig, ExistingTasks, covered_eval_items, curate,
+                                   mark_duplicates)
+from tasks.curate.similarity.minhash import MinHashConfig
+from tasks.curate.similarity.normalize import content_hash
 from flows.demo.data.generate import DemoDataConfig, generate_demo_data
 from tasks.curate.evalsets import register_evalset
 from tasks.ingest.batch import IngestConfig, ingest_file
@@ -136,3 +140,21 @@ def test_demo_figures_and_incremental_runs_match_one_big_run(demo, tmp_path):
     assert (len(manifest["clean"]) - clean["kept"]) / len(manifest["clean"]) < 0.01, clean
     split = _demo_decisions(LakeSettings(home=tmp_path / "two"), out, halves, cycles=2)
     assert {k: (v[0], v[2]) for k, v in split.items()} == {k: (v[0], v[2]) for k, v in whole.items()}
+
+
+def test_near_duplicates_join_the_most_similar_earlier_task_and_keep_the_rest():
+    base = ("Maria buys three notebooks at the corner shop for four dollars each and then "
+            "pays with a twenty dollar bill. How much change does she get back from the cashier?")
+    texts = [
+        "Omar plants seven rows of tulips with twelve bulbs in each row and loses a quarter of them to frost.",
+        base,
+        base.upper(),                                         # shouted: the same normalised prompt
+        base.replace("corner shop", "corner store") + "!!",  # one word edited, punctuation
+        base.split(". ")[0] + ". How many notebooks could she buy with forty dollars instead?",
+    ]
+    cfg = MinHashConfig()
+    cands = [Candidate(str(i), "math", [], t, {}, content_hash(t)) for i, t in enumerate(texts)]
+    mark_duplicates(cands, ExistingTasks([], [], np.empty((0, cfg.banding[0]), dtype=np.uint64)), cfg)
+    assert [c.decision for c in cands] == ["kept", "kept", "duplicate", "near_duplicate", "kept"]
+    assert cands[2].decided_task == cands[3].decided_task == cands[1].task_id  # only kept tasks are joined
+    assert cands[3].evidence["similarity"] >= cfg.threshold  # a shared opening alone is not enough (4)
