@@ -9,6 +9,7 @@ from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
+from tasks.curate.coverage import covered_item_count
 from tasks.curate.curation import curate
 from tasks.cycle.config import cycle_config
 
@@ -22,7 +23,7 @@ def curate_command(
         cfg = cycle_config().curate
         con = open_lake(lake_settings())
         counts = curate(con, cfg, cycle_id)
-        covered = con.execute("SELECT count(DISTINCT (eval_set, item_id)) FROM lake.eval_coverage").fetchone()[0]
+        covered = covered_item_count(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -94,3 +94,8 @@ def new_coverage_rows(con: duckdb.DuckDBPyConnection, rows: list[dict], cycle_id
     fresh = [{**r, "created_at": now, "cycle_id": cycle_id} for r in rows
              if tuple(r[k] for k in _KEY) not in have]
     return pa.Table.from_pylist(fresh, schema=SCHEMAS[COVERAGE_TABLE])
+
+
+def covered_item_count(con: duckdb.DuckDBPyConnection) -> int:
+    """How many evaluation items (of any version) tasks in the lake copy."""
+    return con.execute("SELECT count(DISTINCT (eval_set, item_id)) FROM lake.eval_coverage").fetchone()[0]
