@@ -181,16 +181,3 @@ def sample_group(model, prompt_ids: list[int], cfg: EngineConfig, eos_id: int,
             break
         out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
     return tokens.tolist(), logps.tolist(), finished.tolist()
-
-
-@torch.no_grad()
-def score_tokens(model_dir: str | Path, prompt_ids: list[int], completion_ids: list[int],
-                 temperature: float = 1.0) -> list[float]:
-    """Logprob of each completion token under the model (the trainer's view of a sample)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    ids = torch.tensor([prompt_ids + completion_ids])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()

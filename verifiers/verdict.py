@@ -7,7 +7,6 @@ scoring them as wrong answers (docs/architecture.md, "Verifiers").
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal, get_args
@@ -55,16 +54,8 @@ class Verdict:
         object.__setattr__(self, "components", components)
         object.__setattr__(self, "detail", truncate_detail(str(self.detail)))
 
-    @property
-    def is_infra_failure(self) -> bool:
-        """True when the verdict says nothing about the completion (keep out of advantages)."""
-        return self.status in INFRA_STATUSES
-
     def to_dict(self) -> dict:
         return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:

@@ -286,21 +286,6 @@ def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> 
                           seconds=time.perf_counter() - started, **count)
 
 
-def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
-                       exclude_cycle: str | None = None) -> list[dict]:
-    """Eval items already covered by tasks (of cycles other than `exclude_cycle`):
-    one row per (item, covering task) with the decontamination evidence, computed now.
-    `curate` records the same relation, per item version, in the `eval_coverage` table."""
-    index = eval_index(con, cfg)
-    rows = con.execute("SELECT task_id, prompt FROM lake.tasks WHERE cycle_id IS DISTINCT FROM ? "
-                       "ORDER BY task_id", [exclude_cycle]).fetchall()
-    if index is None or not rows:
-        return []
-    hits = decontaminate.find_contamination([r[1] for r in rows], index, cfg.decontam)
-    return [{"eval_set": h.evidence["eval_set"], "item_id": h.evidence["item_id"],
-             "task_id": rows[h.record][0], "evidence": h.evidence} for h in hits]
-
-
 def run(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, key: StageKey) -> dict:
     """The curate stage: `curate` for the key's cycle."""
     return asdict(curate(con, cfg, key.cycle_id))

@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from tasks.stages import StageKey
 
 FRESH_SET = "fresh-failures"
-Generate = Callable[..., list[engine.Sample]]
 GenerateEach = Callable[..., list[list[engine.Sample]]]
 
 
@@ -269,16 +268,6 @@ class Policy:
     model_dir: str
     version: str
     also_check: tuple[str, ...] = ()
-
-
-def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_version: str, cfg: EvalConfig,
-                    cycle_id: str, *, also_check: tuple[str, ...] = (),
-                    generate: Generate = engine.generate) -> EvalSummary:
-    """`evaluate_policies` for one model, with a one-model engine (`generate=`)."""
-    generate_each = engine.generate_each if generate is engine.generate else \
-        (lambda runs, engine_cfg: [generate(m, prompts, engine_cfg) for m, prompts in runs])
-    return evaluate_policies(con, [Policy(model_dir, policy_version, also_check)], cfg, cycle_id,
-                             generate_each=generate_each)[0]
 
 
 def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cfg: EvalConfig, cycle_id: str,

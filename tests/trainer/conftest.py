@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +58,16 @@ def random_rollouts(tiny_model, tmp_path_factory):
                        EngineConfig(backend="transformers", n=4, max_tokens=6, seed=0))
     path = tmp_path_factory.mktemp("rollouts") / "rollouts.jsonl"
     return write_rollouts(path, samples, problems, reward_fn=lambda a, b, t: float(rng.random() < 0.5))
+
+
+@torch.no_grad()
+def score_tokens(model_dir: str | Path, prompt_ids: list[int], completion_ids: list[int],
+                 temperature: float = 1.0) -> list[float]:
+    """Logprob of each completion token under the model (the trainer's view of a sample)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = torch.tensor([prompt_ids + completion_ids])
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(1, torch.tensor(completion_ids)[:, None])[:, 0].tolist()

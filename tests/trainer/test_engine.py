@@ -1,6 +1,7 @@
 import pytest
 
-from trainer.engine import EngineConfig, generate, generate_vllm, generate_vllm_each, score_tokens
+from tests.trainer.conftest import score_tokens
+from trainer.engine import EngineConfig, generate, generate_vllm, generate_vllm_each
 from flows.demo.tiny_model import ModelConfig, init_model
 from tests.trainer.conftest import addition_prompt
 

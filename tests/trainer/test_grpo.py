@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from trainer.engine import score_tokens
+from tests.trainer.conftest import score_tokens
 from trainer.grpo import GRPOConfig, deepspeed_config, rank_rows, spread, token_logprobs
 from trainer.rollout_data import group_rollouts, pad_batch, read_rollouts
 

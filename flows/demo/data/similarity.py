@@ -24,11 +24,6 @@ def shingles(tokens: list[str], n: int = 3) -> set[str]:
     return {" ".join(tokens[i:i + n]) for i in range(len(tokens) - n + 1)}
 
 
-def char_shingles(text: str, n: int = 5) -> set[str]:
-    flat = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
-    return {flat[i:i + n] for i in range(max(1, len(flat) - n + 1))}
-
-
 def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 

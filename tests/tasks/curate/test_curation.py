@@ -4,13 +4,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pytest
 
 from storage.lake import open_lake
 from storage.settings import LakeSettings
-from tasks.curate.curation import (Candidate, CurateConfig, ExistingTasks, covered_eval_items, curate,
-                                   mark_duplicates)
+from tasks.curate import decontaminate
+from tasks.curate.curation import Candidate, CurateConfig, ExistingTasks, curate, eval_index, mark_duplicates
 from tasks.curate.similarity.minhash import MinHashConfig
 from tasks.curate.similarity.normalize import content_hash
 from flows.demo.data.generate import DemoDataConfig, generate_demo_data
@@ -158,3 +159,18 @@ def test_near_duplicates_join_the_most_similar_earlier_task_and_keep_the_rest():
     assert [c.decision for c in cands] == ["kept", "kept", "duplicate", "near_duplicate", "kept"]
     assert cands[2].decided_task == cands[3].decided_task == cands[1].task_id  # only kept tasks are joined
     assert cands[3].evidence["similarity"] >= cfg.threshold  # a shared opening alone is not enough (4)
+
+
+def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
+                       exclude_cycle: str | None = None) -> list[dict]:
+    """Eval items already covered by tasks (of cycles other than `exclude_cycle`):
+    one row per (item, covering task) with the decontamination evidence, computed now.
+    `curate` records the same relation (the test holds the table to it), per item version, in the `eval_coverage` table."""
+    index = eval_index(con, cfg)
+    rows = con.execute("SELECT task_id, prompt FROM lake.tasks WHERE cycle_id IS DISTINCT FROM ? "
+                       "ORDER BY task_id", [exclude_cycle]).fetchall()
+    if index is None or not rows:
+        return []
+    hits = decontaminate.find_contamination([r[1] for r in rows], index, cfg.decontam)
+    return [{"eval_set": h.evidence["eval_set"], "item_id": h.evidence["item_id"],
+             "task_id": rows[h.record][0], "evidence": h.evidence} for h in hits]

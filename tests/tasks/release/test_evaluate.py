@@ -3,13 +3,14 @@ import json
 import os
 from datetime import datetime, timezone
 
+import duckdb
 import pyarrow as pa
 import pytest
 
 from storage.lake import append_rows, open_lake, transaction
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
-from tasks.release.evaluate import FRESH_SET, EvalConfig, Policy, evaluate_policies, evaluate_policy, lineage
+from tasks.release.evaluate import FRESH_SET, EvalConfig, EvalSummary, Policy, evaluate_policies, lineage
 from tasks.curate.evalsets import register_evalset
 from tasks.curate.holdout import is_heldout
 from tasks.curate.similarity.normalize import content_hash
@@ -36,6 +37,16 @@ ANSWERS = {
     "Capital of France?": ["", "Paris", "paris.", "London"],                         # 2/4, 1 format error
 }
 FRESH = [f"What is {i}+{i}?" for i in range(2, 14)]
+
+
+def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_version: str, cfg: EvalConfig,
+                    cycle_id: str, *, generate, also_check: tuple[str, ...] = ()) -> EvalSummary:
+    """`evaluate_policies` for one model, sampled by a one-model engine (`generate`)."""
+    def each(runs, engine_cfg):
+        return [generate(model, prompts, engine_cfg) for model, prompts in runs]
+    return evaluate_policies(con, [Policy(model_dir, policy_version, also_check)], cfg, cycle_id,
+                             generate_each=each)[0]
+
 
 
 def table_engine(model_dir, prompts, cfg):
@@ -205,7 +216,7 @@ def test_with_the_real_engine_on_a_tiny_model(lake, tmp_path, scheduler):
     model_dir = init_model(tmp_path / "tiny")
     cfg = EvalConfig(engine=EngineConfig(backend="transformers", n=2, max_tokens=5, seed=1), k=2,
                      heldout_fraction=0.0, scheduler_address=scheduler)
-    summary = evaluate_policy(lake, str(model_dir), "cand", cfg, "c2")
+    summary = evaluate_policies(lake, [Policy(str(model_dir), "cand")], cfg, "c2")[0]  # the real engine
     rows = lake.execute("SELECT item_id, completion_tokens, finish_reason FROM lake.evaluations "
                         "WHERE cycle_id = 'c2'").fetchall()
     assert len(rows) == len(ITEMS) * 2
