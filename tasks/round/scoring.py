@@ -1,4 +1,5 @@
-"""Verify stage: score (verifier, spec, completion) rows, serially or fanned out with Dask.
+"""Scoring (verifier, spec, completion) rows, serially or fanned out with Dask: what the verify
+and evaluate stages and `flywheel verify` call.
 
 `score_rows` is what stages call: it routes each row by its verifier (`FanOut`).
 Verifiers that run no user code (math, exact, json_schema) score a row in well under
