@@ -21,9 +21,9 @@ def curate_command(
     console = Console()
     try:
         cfg = cycle_config().curate
-        con = open_lake(lake_settings())
-        counts = curate(con, cfg, cycle_id)
-        covered = covered_item_count(con)
+        with open_lake(lake_settings()) as con:
+            counts = curate(con, cfg, cycle_id)
+            covered = covered_item_count(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

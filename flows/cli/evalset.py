@@ -29,8 +29,10 @@ def add_command(
     console = Console()
     try:
         verifiers = cycle_config().curate.verifiers  # the domain map curation decontaminates with
-        con = open_lake(lake_settings())
-        result = register_evalset(con, name, file, cycle_id=cycle_id, verifiers=verifiers)
+        # closed on a refused file too: a later open in the same process (a test, a notebook)
+        # otherwise meets the catalog this connection still holds
+        with open_lake(lake_settings()) as con:
+            result = register_evalset(con, name, file, cycle_id=cycle_id, verifiers=verifiers)
     except (EvalsetError, ConfigError, LakeError, duckdb.Error) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -46,7 +48,8 @@ def list_command() -> None:
     """Every registered version of every evaluation set."""
     console = Console()
     try:
-        rows = list_evalsets(open_lake(lake_settings()))
+        with open_lake(lake_settings()) as con:
+            rows = list_evalsets(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import typer
 
-from tasks.round.scoring import verify_rollouts, verify_row
 from storage.config_file import ConfigError
 from tasks.cycle.config import cycle_config
+from tasks.round.scoring import verify_rollouts, verify_row
 from verifiers.registry import VerifierConfig
 from verifiers.verdict import failed
 

@@ -47,3 +47,20 @@ def test_verify_to_stdout_through_dask(tmp_path, monkeypatch):
 def test_missing_input_file_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(app, ["verify", str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2
+
+
+def test_verify_uses_the_configured_domain_map_and_refuses_a_bad_one(tmp_path, monkeypatch):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"id": "a1", "domain": "arith", "spec": {"answer": "7"}, "completion": "\\boxed{7}"}))
+    toml = tmp_path / "flywheel.toml"
+    monkeypatch.setenv("FLYWHEEL_CONFIG", str(toml))
+    unmapped = CliRunner().invoke(app, ["verify", str(path)])
+    assert json.loads(unmapped.stdout.splitlines()[0])["status"] == "format_error", unmapped.output
+    toml.write_text('[cycle.verify.verifiers.domain_map]\narith = "math"\n')
+    mapped = CliRunner().invoke(app, ["verify", str(path)])
+    line = json.loads(mapped.stdout.splitlines()[0])
+    assert (line["verifier"], line["status"]) == ("math", "ok"), mapped.output
+    toml.write_text('[cycle.verify.verifiers.domain_map]\narith = "abacus"\n')
+    bad = CliRunner().invoke(app, ["verify", str(path), "--out", str(tmp_path / "out.jsonl")])
+    assert bad.exit_code == 2 and "cycle.verify.verifiers: domain_map names unknown verifiers" in bad.output
+    assert not (tmp_path / "out.jsonl").exists()
