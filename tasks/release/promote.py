@@ -89,9 +89,10 @@ def list_models(con: duckdb.DuckDBPyConnection) -> list[dict]:
 
 def run(con: duckdb.DuckDBPyConnection, cfg: None, key: StageKey) -> dict:
     """The promote stage: apply the gate's recorded decision on the key's candidate."""
-    decision = recorded_decision(con, key.cycle_id, key.policy) if key.policy != key.production else None
+    if key.policy == key.production:
+        return {"promoted": False, "reason": NOTHING_TRAINED}
+    decision = recorded_decision(con, key.cycle_id, key.policy)
     if decision is None:
-        return {"promoted": False, "reason": "no decision: nothing was evaluated against production"
-                if key.policy != key.production else NOTHING_TRAINED}
+        return {"promoted": False, "reason": "no decision: the gate recorded none for this candidate"}
     record_gate(con, key.policy, decision, key.cycle_id)
     return {"promoted": decision.promoted, "reason": decision.reason}
