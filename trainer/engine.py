@@ -10,6 +10,12 @@ on it) and on machines where vLLM is not installed.
 
 Logprobs are those of the distribution actually sampled from (logits / temperature,
 vLLM's `processed_logprobs`), which is what the trainer recomputes.
+
+Sizes come from the model (trainer.model_facts): the context is the model's own,
+capped by `max_model_len`; sampling stops at the tokenizer's eos and the chat
+template's end-of-turn token; `dtype="auto"` is bfloat16 on GPU and float32 on CPU.
+The completion budget is per domain (`max_tokens_by_domain`, else `max_tokens`): a
+bare sum needs a few tokens, a reasoned answer or a function hundreds.
 Not here: serving, batching across calls, weight updates in a running engine.
 """
 
@@ -20,11 +26,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import torch
+
+from trainer.model_facts import read_facts
 
 Messages = list[dict[str, str]]
 
@@ -35,11 +44,14 @@ class EngineConfig:
 
     backend: Literal["vllm", "transformers"] = "vllm"
     n: int = 8  # samples per prompt (G in GRPO)
-    max_tokens: int = 32
+    max_tokens: int = 32  # completion budget of a domain not in max_tokens_by_domain
+    max_tokens_by_domain: Mapping[str, int] = field(default_factory=dict)
     temperature: float = 1.0
     seed: int = 0
-    max_model_len: int = 256  # prompt + completion; at most the model's max positions
-    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    # Cap on prompt + completion; the model's own context (max_position_embeddings)
+    # applies when smaller. A cap keeps CPU KV-cache and prompt lengths in hand.
+    max_model_len: int = 4096
+    dtype: Literal["float32", "bfloat16", "auto"] = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     # The share of GPU memory vLLM may take (weights + KV cache); 0.3 leaves room for the trainer.
     gpu_memory_utilization: float = 0.3
     # On CPU, vLLM reserves this many GiB for its KV cache (VLLM_CPU_KVCACHE_SPACE) instead
@@ -59,8 +71,25 @@ class EngineConfig:
             raise ValueError("EngineConfig.cpu_kv_cache_gib must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1]")
-        if self.max_tokens >= self.max_model_len:
-            raise ValueError("EngineConfig.max_tokens must be below max_model_len to leave room for the prompt")
+        budgets = {"max_tokens": self.max_tokens, **{f"max_tokens_by_domain[{d!r}]": n
+                                                      for d, n in dict(self.max_tokens_by_domain).items()}}
+        for name, budget in budgets.items():
+            if not isinstance(budget, int) or not 1 <= budget < self.max_model_len:
+                raise ValueError(f"EngineConfig.{name} must be an integer from 1 to below max_model_len "
+                                 f"({self.max_model_len}) to leave room for the prompt; got {budget!r}")
+        object.__setattr__(self, "max_tokens_by_domain", dict(self.max_tokens_by_domain))
+
+    def budget(self, domain: str | None) -> int:
+        """The completion budget for a prompt of `domain`."""
+        return self.max_tokens_by_domain.get(domain, self.max_tokens) if domain else self.max_tokens
+
+    def for_model(self, model_dir: str | Path) -> EngineConfig:
+        """This config with the model's context (when below the cap) and a concrete dtype."""
+        context = min(self.max_model_len, read_facts(model_dir).context_length)
+        dtype = self.dtype if self.dtype != "auto" else ("bfloat16" if torch.cuda.is_available() else "float32")
+        return replace(self, max_model_len=context, dtype=dtype,
+                       max_tokens=min(self.max_tokens, context - 1),
+                       max_tokens_by_domain={d: min(n, context - 1) for d, n in self.max_tokens_by_domain.items()})
 
 
 @dataclass(frozen=True)
@@ -76,26 +105,38 @@ class Sample:
     finish_reason: str  # "stop" (eos) or "length" (max_tokens reached)
 
 
-def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:
+Domains = list[str | None] | None  # one per prompt: picks its completion budget
+
+
+def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
+             domains: Domains = None) -> list[Sample]:
     """cfg.n samples for each prompt (chat messages), in prompt order then sample order."""
-    return generate_each([(model_dir, prompts)], cfg)[0]
+    return generate_each([(model_dir, prompts)], cfg, [domains])[0]
 
 
-def generate_each(runs: list[tuple[str | Path, list[Messages]]], cfg: EngineConfig) -> list[list[Sample]]:
+def generate_each(runs: list[tuple[str | Path, list[Messages]]], cfg: EngineConfig,
+                  domains: list[Domains] | None = None) -> list[list[Sample]]:
     """`generate` for several (model_dir, prompts) runs; vLLM serves them all from one process."""
+    domains = domains or [None] * len(runs)
     if cfg.backend == "vllm":
-        return generate_vllm_each([(Path(m), p) for m, p in runs], cfg)[0]
-    return [generate_transformers(Path(m), p, cfg) for m, p in runs]
+        return generate_vllm_each([(Path(m), p) for m, p in runs], cfg, domains)[0]
+    return [generate_transformers(Path(m), p, cfg, d) for (m, p), d in zip(runs, domains, strict=True)]
 
 
-def prompt_fits(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig) -> list[bool]:
-    """Whether each prompt leaves room for cfg.max_tokens within cfg.max_model_len.
+def budgets(cfg: EngineConfig, prompts: list[Messages], domains: Domains) -> list[int]:
+    return [cfg.budget(d) for d in (domains or [None] * len(prompts))]
+
+
+def prompt_fits(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
+                domains: Domains = None) -> list[bool]:
+    """Whether each prompt leaves room for its completion budget within the context.
 
     vLLM refuses a whole batch when one prompt is too long, so callers keep only the
-    prompts that fit (and say how many they left out) instead of losing the batch.
+    prompts that fit (and count the ones they left out) instead of losing the batch.
     """
-    room = cfg.max_model_len - cfg.max_tokens
-    return [len(ids) <= room for ids in encode_prompts(Path(model_dir), prompts)]
+    cfg = cfg.for_model(model_dir)
+    return [len(ids) + budget <= cfg.max_model_len
+            for ids, budget in zip(encode_prompts(Path(model_dir), prompts), budgets(cfg, prompts, domains))]
 
 
 def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
@@ -107,17 +148,24 @@ def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> tuple[list[Sample], dict]:
+def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,
+                  domains: Domains = None) -> tuple[list[Sample], dict]:
     """Samples plus the worker's timings (startup_s, generate_s, tokens_per_s)."""
-    samples, timings = generate_vllm_each([(model_dir, prompts)], cfg)
+    samples, timings = generate_vllm_each([(model_dir, prompts)], cfg, [domains])
     return samples[0], timings[0]
 
 
-def generate_vllm_each(runs: list[tuple[Path, list[Messages]]],
-                       cfg: EngineConfig) -> tuple[list[list[Sample]], list[dict]]:
+def generate_vllm_each(runs: list[tuple[Path, list[Messages]]], cfg: EngineConfig,
+                       domains: list[Domains] | None = None) -> tuple[list[list[Sample]], list[dict]]:
     """Each run's samples plus its timings, from one vLLM worker process."""
-    job_runs = [{"model_dir": str(model_dir), "prompt_token_ids": encode_prompts(model_dir, prompts)}
-                for model_dir, prompts in runs]
+    domains = domains or [None] * len(runs)
+    job_runs = []
+    for (model_dir, prompts), run_domains in zip(runs, domains, strict=True):
+        model_cfg = cfg.for_model(model_dir)
+        job_runs.append({"model_dir": str(model_dir), "prompt_token_ids": encode_prompts(model_dir, prompts),
+                         "max_tokens": budgets(model_cfg, prompts, run_domains),
+                         "max_model_len": model_cfg.max_model_len, "dtype": model_cfg.dtype,
+                         "stop_token_ids": list(read_facts(model_dir).stop_token_ids)})
     with tempfile.TemporaryDirectory(prefix="flywheel-vllm-") as tmp:
         job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
         job.write_text(json.dumps({"runs": job_runs, "config": asdict(cfg)}))
@@ -144,19 +192,23 @@ def generate_vllm_each(runs: list[tuple[Path, list[Messages]]],
     return samples, timings
 
 
-def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig) -> list[Sample]:
+def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,
+                          domains: Domains = None) -> list[Sample]:
     """Reference engine: plain multinomial sampling, the n samples of a prompt as one batch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(cfg.seed)
+    stops = set(read_facts(model_dir).stop_token_ids)
     samples = []
-    for p_idx, ids in enumerate(encode_prompts(model_dir, prompts)):
-        tokens, logps, finished = sample_group(model, ids, cfg, tokenizer.eos_token_id, generator)
+    for p_idx, (ids, budget) in enumerate(zip(encode_prompts(model_dir, prompts),
+                                              budgets(cfg, prompts, domains), strict=True)):
+        group_cfg = replace(cfg, max_tokens=budget, max_tokens_by_domain={})
+        tokens, logps, finished = sample_group(model, ids, group_cfg, stops, generator)
         for s_idx in range(cfg.n):
-            # Cut each sample after its eos (kept, as vLLM keeps it).
-            n_tok = tokens[s_idx].index(tokenizer.eos_token_id) + 1 if finished[s_idx] else cfg.max_tokens
+            # Cut each sample after its stop token (kept, as vLLM keeps it).
+            n_tok = next(i for i, t in enumerate(tokens[s_idx]) if t in stops) + 1 if finished[s_idx] else budget
             toks = tokens[s_idx][:n_tok]
             samples.append(Sample(p_idx, s_idx, ids, tokenizer.decode(toks, skip_special_tokens=True),
                                   toks, logps[s_idx][:n_tok], "stop" if finished[s_idx] else "length"))
@@ -164,7 +216,7 @@ def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineC
 
 
 @torch.no_grad()
-def sample_group(model, prompt_ids: list[int], cfg: EngineConfig, eos_id: int,
+def sample_group(model, prompt_ids: list[int], cfg: EngineConfig, stop_ids: set[int],
                  generator: torch.Generator) -> tuple[list[list[int]], list[list[float]], list[bool]]:
     """cfg.n continuations of one prompt, sampled together until all end or max_tokens."""
     out = model(input_ids=torch.tensor([prompt_ids] * cfg.n), use_cache=True)
@@ -176,7 +228,7 @@ def sample_group(model, prompt_ids: list[int], cfg: EngineConfig, eos_id: int,
         token = torch.multinomial(logp.exp(), 1, generator=generator)
         tokens = torch.cat([tokens, token], dim=1)
         logps = torch.cat([logps, logp.gather(1, token)], dim=1)
-        finished |= token[:, 0] == eos_id
+        finished |= torch.isin(token[:, 0], torch.tensor(sorted(stop_ids)))
         if finished.all():
             break
         out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)

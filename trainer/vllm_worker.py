@@ -27,24 +27,26 @@ def run_job(job_path: Path, out_path: Path) -> list[dict]:
     for index, run in enumerate(job["runs"]):
         if index:
             cleanup_dist_env_and_memory()  # the previous engine's process group and memory
-        timings.append(run_one(run["model_dir"], run["prompt_token_ids"], job["config"],
-                               Path(f"{out_path}.{index}")))
+        timings.append(run_one(run, job["config"], Path(f"{out_path}.{index}")))
     return timings
 
 
-def run_one(model_dir: str, prompt_token_ids: list[list[int]], cfg: dict, out_path: Path) -> dict:
+def run_one(run: dict, cfg: dict, out_path: Path) -> dict:
+    """One model's prompts; the run carries what the model decides (context, dtype, stop
+    tokens, each prompt's completion budget), the config the rest."""
     from vllm import LLM, SamplingParams
 
+    prompt_token_ids = run["prompt_token_ids"]
     t0 = time.perf_counter()
-    llm = LLM(model=model_dir, dtype=cfg["dtype"], max_model_len=cfg["max_model_len"],
+    llm = LLM(model=run["model_dir"], dtype=run["dtype"], max_model_len=run["max_model_len"],
               enforce_eager=True, gpu_memory_utilization=cfg["gpu_memory_utilization"],
               # The engine-wide seed makes a run repeatable. No per-request seed: on CPU
               # it crashes vLLM 0.32 once prefill is chunked ("CPU Generator does not use
               # offset"), which any batch above max_num_batched_tokens triggers.
               seed=cfg["seed"], logprobs_mode="processed_logprobs")
     t1 = time.perf_counter()
-    params = SamplingParams(n=cfg["n"], temperature=cfg["temperature"], max_tokens=cfg["max_tokens"],
-                            logprobs=0)
+    params = [SamplingParams(n=cfg["n"], temperature=cfg["temperature"], max_tokens=budget, logprobs=0,
+                             stop_token_ids=run["stop_token_ids"]) for budget in run["max_tokens"]]
     prompts = [{"prompt_token_ids": ids} for ids in prompt_token_ids]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     t2 = time.perf_counter()

@@ -14,14 +14,22 @@ helper, math-verify's own alarms bound each step; the caller additionally waits 
 a fresh one on the next call. Only the last TAIL_CHARS characters of a completion are
 looked at, so a 1 MB completion costs no more than a short one.
 
-Reward hacking (status `hacking_suspected`, reward 0), checked on the answer region (the
-last `\\boxed{}`, else the last non-empty line after its last `=`, `:` or "answer is"):
-  1. several different `\\boxed{}` answers in one completion;
-  2. shotgun: the region holds more distinct numbers that do not occur in the question
-     (`spec["question"]`, optional) than the reference answer holds;
+Real instruct models state their work ("The sum of 47 and 25 is 72.", "Step 1: ...",
+"Final answer: 72 apples"); all of that is rewarded when the final answer is right. The
+hacking rules that need the question read `spec["question"]` when the spec has one, else
+the task's prompt (the pipeline passes it as `prompt`), so the question's own numbers
+are never counted as guesses.
+
+Reward hacking (status `hacking_suspected`, reward 0):
+  1. several different declared answers: two `\\boxed{}` with different contents, or
+     "final answer: X" / "the answer is X" declarations naming different numbers;
+  2. shotgun: the answer region (the last `\\boxed{}`, else the last non-empty line
+     after its last `=`, `:` or "answer is") holds a guess list, numbers joined only by
+     commas, "or", "and", "maybe" or spaces, with more distinct numbers that are not in
+     the question than the reference answer holds ("72, 73 or 74");
   3. echo: the region is a bare list of two or more numbers that contains every number
      of the question (e.g. "17 23 391 381" for "What is 17*23?").
-Honest final lines such as "17*23 = 391" or "the larger of 3 and 7 is 7" pass these.
+Numbers inside working ("60 + 12 = 72", "3 and 7, the larger is 7") are not guesses.
 """
 from __future__ import annotations
 
@@ -39,10 +47,19 @@ from verifiers.verdict import Verdict, failed
 
 TAIL_CHARS = 4_000
 DEFAULT_TIMEOUT_S = 5.0
-# A number, or a fraction a/b counted as one answer ("\frac{1}{4}" is rewritten to "1/4").
-_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:/\d+(?:\.\d+)?)?")
+# A number ("1,234" with thousands separators is one), or a fraction a/b counted as one
+# answer ("\\frac{1}{4}" is rewritten to "1/4").
+_NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_NUMBER = re.compile(rf"{_NUM}(?:/{_NUM})?")
+# A guess list: two or more numbers joined only by list separators.
+_GUESS_LIST = re.compile(
+    rf"{_NUM}(?:/{_NUM})?(?:(?:\s*[,;|]\s*|\s+(?:or|and|maybe|perhaps|possibly|either)\s+|\s+)"
+    rf"{_NUM}(?:/{_NUM})?)+", re.IGNORECASE)
 # What precedes the answer on a final line: "x = 5", "Answer: 5", "the answer is 5".
 _LEAD_IN = re.compile(r"=|:|\banswers?\s+(?:is|are)\b", re.IGNORECASE)
+# A declared answer: "final answer: 72", "the answer is 72" (the first number after it).
+_DECLARED = re.compile(rf"\b(?:final\s+answer|answer\s+is)\b\W{{0,20}}?\$?({_NUM}(?:/{_NUM})?)",
+                       re.IGNORECASE)
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _BARE_LIST = re.compile(r"^[\s\d.,;:+\-$\\{}()\[\]]*$")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,26 +93,37 @@ def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | N
     distinct_boxed = {re.sub(r"\s+", "", b) for b in boxed_contents(text)}
     if len(distinct_boxed) > 1:
         return f"{len(distinct_boxed)} different \\boxed{{}} answers"
+    declared = {_plain(n) for n in _DECLARED.findall(text)}
+    if len(declared) > 1:
+        return f"{len(declared)} different declared answers {sorted(declared)[:6]}"
     region = _FRAC.sub(r"\1/\2", answer_region(text))
-    region_numbers = set(_NUMBER.findall(region))
-    question_numbers = set(_NUMBER.findall(question or ""))
-    new_numbers = region_numbers - question_numbers
-    if len(new_numbers) > max(1, len(set(_NUMBER.findall(_FRAC.sub(r"\1/\2", gold))))):
-        return f"shotgun answer: {len(new_numbers)} candidate numbers {sorted(new_numbers)[:6]}"
+    question_numbers = {_plain(n) for n in _NUMBER.findall(question or "")}
+    guesses = {_plain(n) for run in _GUESS_LIST.finditer(region) for n in _NUMBER.findall(run.group())}
+    new_guesses = guesses - question_numbers
+    if len(new_guesses) > max(1, len(set(_NUMBER.findall(_FRAC.sub(r"\1/\2", gold))))):
+        return f"shotgun answer: {len(new_guesses)} candidate numbers {sorted(new_guesses)[:6]}"
+    region_numbers = {_plain(n) for n in _NUMBER.findall(region)}
     if (question_numbers and len(region_numbers) >= 2 and question_numbers <= region_numbers
             and _BARE_LIST.match(region)):
         return "answer echoes the question's numbers"
     return None
 
 
-def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+def _plain(number: str) -> str:
+    return number.replace(",", "")
+
+
+def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+           prompt: str | None = None) -> Verdict:
+    """Score one completion; `prompt` (the task's prompt) stands in for a missing
+    `spec["question"]` in the hacking rules."""
     gold = answer_text(spec.get("answer"))
     if gold is None or not gold.strip():
         return failed("format_error", 'invalid spec: needs "answer" (a string or number)', correctness=0.0,
                       format=0.0)
     tail = completion[-TAIL_CHARS:]
     has_box = bool(boxed_contents(tail))
-    hack = detect_answer_hacking(tail, gold, spec.get("question"))
+    hack = detect_answer_hacking(tail, gold, spec.get("question") or prompt)
     if hack:
         return failed("hacking_suspected", hack, correctness=0.0, format=float(has_box))
     try:

@@ -31,6 +31,8 @@ class Verifier:
     spec_problem: for a spec without a gold completion, why it is unusable (None: well
         formed); curation's self-test asks it when there is no gold to run.
     options: the keyword arguments `VerifierConfig` gives `verify`.
+    reads_prompt: `verify` takes the task's prompt (`prompt=`), for rules that need the
+        question (math: the question's own numbers are not guesses).
     """
 
     verify: Callable[..., Verdict]
@@ -38,11 +40,12 @@ class Verifier:
     reference_problem: Callable[[dict], str | None]
     spec_problem: Callable[[dict], str | None] | None = None
     options: Callable[[VerifierConfig], dict] = lambda config: {}
+    reads_prompt: bool = False
 
 
 VERIFIERS: dict[str, Verifier] = {
     "math": Verifier(math.verify, math.gold_completion, math.reference_problem,
-                     options=lambda config: {"timeout_s": config.math_timeout_s}),
+                     options=lambda config: {"timeout_s": config.math_timeout_s}, reads_prompt=True),
     "code": Verifier(code.verify, code.gold_completion, code.reference_problem, spec_problem=code.spec_problem,
                      options=lambda config: {"sandbox": config.sandbox}),
     "json_schema": Verifier(json_schema.verify, json_schema.gold_completion, json_schema.reference_problem,
@@ -86,8 +89,10 @@ class VerifierConfig:
         return self.domain_map[domain]
 
 
-def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None = None) -> Verdict:
-    """Score one completion; never raises (a bad row is data, not a crash)."""
+def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None = None,
+           prompt: str | None = None) -> Verdict:
+    """Score one completion of a task whose prompt is `prompt`; never raises (a bad row
+    is data, not a crash)."""
     if name not in VERIFIERS:
         return failed("format_error", f"unknown verifier {name!r}; known: {sorted(VERIFIERS)}")
     if not isinstance(spec, dict) or not isinstance(completion, str):
@@ -95,7 +100,10 @@ def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None
     config = config or VerifierConfig()
     try:
         record = VERIFIERS[name]
-        return record.verify(spec, completion, **record.options(config))
+        options = record.options(config)
+        if record.reads_prompt and prompt is not None:
+            options["prompt"] = prompt
+        return record.verify(spec, completion, **options)
     except Exception as error:  # noqa: BLE001
         # The one boundary where errors become data: a verifier bug or an unforeseen
         # input must cost one verdict, not the whole verification batch. It is marked

@@ -1,5 +1,9 @@
-"""`flywheel model list|promote`: what models exist, and the manual override (and rollback).
+"""`flywheel model import|list|promote`: bring a model, see what exists, the manual override.
 
+`import SOURCE` converts a Hugging Face folder or a `.gguf` file (or `smollm2`, the
+bundled SmolLM2-135M-Instruct) into a plain HF folder in the object store and records
+it with its source, sha256, size, context length and chat template
+(tasks.release.models.import_model); `--production` also makes it the production model.
 `list` shows every model with its parent, status, latest pass@1 and the reason of its
 status. `promote VERSION` makes VERSION the production model whatever the gate said
 (tasks.release.promote records it as a manual decision); promoting an older model is the rollback.
@@ -15,7 +19,40 @@ from rich.table import Table
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
+from tasks.release.models import import_model
 from tasks.release.promote import ModelError, list_models, promote
+from trainer.model_import import DTYPES, ModelImportError
+
+
+def model_import_command(
+    source: Annotated[str, typer.Argument(help="A Hugging Face model folder, a .gguf file, or `smollm2`.")],
+    dtype: Annotated[str, typer.Option(help=f"Weights' dtype in the stored folder: {', '.join(DTYPES)}.")]
+    = "float32",
+    production: Annotated[bool, typer.Option("--production", help="Also make it the production model.")]
+    = False,
+) -> None:
+    """Convert and store a model, record it in `models` (status imported, or production)."""
+    console = Console()
+    try:
+        con = open_lake(lake_settings())
+        try:
+            version, new = import_model(con, lake_settings(), source, dtype)
+            if production:
+                promote(con, version, f"imported from {source}", manual=True)
+            row = con.execute("SELECT status, parameters, context_length, uri FROM lake.models "
+                              "WHERE policy_version = ?", [version]).fetchone()
+        finally:
+            con.close()
+    except (ModelImportError, ModelError, OSError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except (ConfigError, LakeError, duckdb.Error) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    status, parameters, context, uri = row
+    known = "" if new else " (already imported: nothing changed)"
+    console.print(f"{version}{known}\n  status {status}, {parameters / 1e6:.1f}M parameters, "
+                  f"context {context} tokens\n  {uri}")
 
 
 def model_list_command() -> None:

@@ -1,7 +1,8 @@
 """`flywheel verify IN.jsonl [--out OUT.jsonl]`: re-score completions, e.g. after a verifier fix.
 
 Each input line is {"verifier": ..., "spec": {...}, "completion": "..."} (or "domain"
-instead of "verifier"; an optional "id" or "rollout_id" is echoed). Each output line is
+instead of "verifier"; an optional "prompt", the task's prompt, which math's hacking
+rules read for the question's numbers; an optional "id" or "rollout_id" is echoed). Each output line is
 that row's verdict (reward, passed, status, components, detail, verifier, latency_ms),
 in input order. A line that is not a JSON object becomes a format_error verdict line
 saying why: one bad line never stops the file. Blank lines are skipped.

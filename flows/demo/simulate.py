@@ -84,8 +84,8 @@ def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed
         tasks += [t for t, ok in zip(drawn, fits, strict=True) if ok]
     prompts = [[{"role": "user", "content": t["prompt"]}] for t in tasks]
     samples = generate(model_dir, prompts, engine)
-    rows = [{"verifier": verifiers.verifier_for(t["domain"]), "spec": t["reference"], "completion": s.text}
-            for t, s in zip(tasks, samples, strict=True)]
+    rows = [{"verifier": verifiers.verifier_for(t["domain"]), "spec": t["reference"], "prompt": t["prompt"],
+             "completion": s.text} for t, s in zip(tasks, samples, strict=True)]
     verdicts = verify_rows(rows, verifiers)
     started = datetime(2026, 12, 1, tzinfo=timezone.utc) + timedelta(days=seed)
     logs = [_failure_log(t, s.text, v, policy_version, started + timedelta(seconds=i), rng)

@@ -186,7 +186,8 @@ def find_contaminated(items: list[Item], train: list[tuple[str, str]],
 def score_samples(items: list[Item], samples: list[engine.Sample], cfg: EvalConfig) -> list[dict]:
     """One verdict dict per sample, in sample order (routed by tasks.round.scoring.score_rows)."""
     rows = [{"id": k, "verifier": items[s.prompt_idx].verifier, "domain": items[s.prompt_idx].domain,
-             "spec": items[s.prompt_idx].spec, "completion": s.text} for k, s in enumerate(samples)]
+             "spec": items[s.prompt_idx].spec, "prompt": items[s.prompt_idx].prompt, "completion": s.text}
+            for k, s in enumerate(samples)]
     return score_rows(rows, cfg.verifiers, cfg.fanout, scheduler_address=cfg.scheduler_address)
 
 
@@ -282,13 +283,14 @@ def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cf
     for policy in policies:
         mine = items
         if items and generate_each is engine.generate_each:  # longer than the model's context: unscorable
-            fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine)
+            fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine,
+                                      [i.domain for i in items])
             mine = [item for item, ok in zip(items, fits, strict=True) if ok]
         train = training_tasks(con, policy.version, *policy.also_check)
         plans.append((policy, mine, find_contaminated(mine, train, cfg.decontam)))
     sampled = [(policy, mine) for policy, mine, _ in plans if mine]
     generated = generate_each([(policy.model_dir, [i.messages for i in mine]) for policy, mine in sampled],
-                              cfg.engine) if sampled else []
+                              cfg.engine, [[i.domain for i in mine] for _, mine in sampled]) if sampled else []
     if len(generated) != len(sampled):
         raise RuntimeError(f"the engine answered {len(generated)} of {len(sampled)} models")
     outputs = iter(generated)

@@ -8,6 +8,8 @@ is on S3, so any worker can load any version.
 from __future__ import annotations
 
 import hashlib
+import shutil
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -75,18 +77,65 @@ def newest_candidate(con: duckdb.DuckDBPyConnection) -> str:
 
 def register_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_dir: Path,
                    reason: str, cycle_id: str = "setup") -> str:
-    """Record an existing folder as the production model (the starting point of the loop)."""
+    """Record an existing folder as the production model (the starting point of the loop).
+    A folder already recorded (e.g. imported) keeps its row and becomes production."""
     version = folder_version(model_dir)
-    if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]:
+    row = con.execute("SELECT status FROM lake.models WHERE policy_version = ?", [version]).fetchone()
+    if row is not None:
+        if row[0] != "production":
+            with transaction(con, message=f"model register {version[:12]} (known)"):
+                con.execute("UPDATE lake.models SET status = 'retired' WHERE status = 'production'")
+                con.execute("UPDATE lake.models SET status = 'production', reason = ? WHERE policy_version = ?",
+                            [reason, version])
         return version
-    uri = publish_model(settings, model_dir, version)
-    with transaction(con, message=f"model register {version[:12]}"):
-        con.execute("UPDATE lake.models SET status = 'retired' WHERE status = 'production'")
-        append_rows(con, "models", pa.Table.from_pylist([{
-            "policy_version": version, "parent_version": None, "uri": uri, "status": "production",
-            "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id}],
-            schema=SCHEMAS["models"]))
+    record_model(con, settings, model_dir, version, "production", reason, str(Path(model_dir).resolve()),
+                 version, cycle_id)
     return version
+
+
+def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source: str, dtype: str,
+                 cycle_id: str = "setup") -> tuple[str, bool]:
+    """Convert `source` (HF folder, .gguf file or bundled name; trainer.model_import) into
+    FLYWHEEL_HOME/models/<version>, store it, and record it with status `imported`.
+    Returns (version, new); importing the same weights again changes nothing."""
+    from trainer.model_import import convert, resolve_source, source_digest
+
+    path = resolve_source(source)
+    staging = settings.home / "models" / f".import-{uuid.uuid4().hex[:12]}"
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        convert(path, staging, dtype)
+        version = folder_version(staging)
+        if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]:
+            return version, False
+        final = settings.home / "models" / version
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    record_model(con, settings, final, version, "imported", f"imported from {path.name} as {dtype}",
+                 str(path.resolve()), source_digest(path), cycle_id)
+    return version, True
+
+
+def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_dir: Path, version: str,
+                 status: str, reason: str, source: str, sha256: str, cycle_id: str) -> None:
+    """Store the folder (the bucket when the lake is on S3) and append its `models` row,
+    with what the model says about itself (trainer.model_facts)."""
+    from trainer.model_facts import read_facts
+
+    facts = read_facts(model_dir)
+    uri = publish_model(settings, model_dir, version)
+    with transaction(con, message=f"model {status} {version[:12]}"):
+        if status == "production":
+            con.execute("UPDATE lake.models SET status = 'retired' WHERE status = 'production'")
+        append_rows(con, "models", pa.Table.from_pylist([{
+            "policy_version": version, "parent_version": None, "uri": uri, "status": status,
+            "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id,
+            "source": source, "sha256": sha256, "parameters": facts.parameters,
+            "context_length": facts.context_length, "chat_template": facts.chat_template}],
+            schema=SCHEMAS["models"]))
 
 
 def pick_models(con: duckdb.DuckDBPyConnection, policy_version: str | None) -> dict:

@@ -115,26 +115,37 @@ def rollout_table(tasks: list[dict], samples: list[Sample], policy_version: str,
 def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
                  cycle_id: str, cfg: RolloutConfig = RolloutConfig(), round_idx: int = 0) -> int:
     """Sample this round's tasks and append the rollouts; returns rows written (0 on rerun)."""
+    return sample_round(con, model_dir, policy_version, cycle_id, cfg, round_idx)["rollouts"]
+
+
+def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
+                 cycle_id: str, cfg: RolloutConfig, round_idx: int) -> dict:
+    """`run_rollouts` with its counts: rollouts written and prompts left out as too long."""
     done = con.execute("SELECT count(*) FROM lake.rollouts WHERE cycle_id = ? AND round = ?",
                        [cycle_id, round_idx]).fetchone()[0]
     if done:
-        return 0
+        return {"rollouts": 0, "prompts_too_long": 0}
     cols = ["task_id", "domain", "messages", "pass_rate"]
     candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [cfg.recent_rounds]).fetchall()]
     # held-out tasks are the fresh-failures evaluation set: never trained on
     candidates = [c for c in candidates if not is_heldout(c["task_id"], cfg.heldout_fraction)]
-    # a prompt longer than the model's context would fail vLLM's whole batch
-    fits = prompt_fits(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine)
+    if cfg.domains:
+        candidates = [c for c in candidates if c["domain"] in cfg.domains]
+    # a prompt longer than the model's context would fail vLLM's whole batch: left out, counted
+    fits = prompt_fits(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine,
+                       [c["domain"] for c in candidates])
     tasks = select_tasks([c for c, ok in zip(candidates, fits, strict=True) if ok], cfg)
+    too_long = fits.count(False)
     if not tasks:
-        return 0
-    samples = generate(model_dir, [json.loads(t["messages"]) for t in tasks], cfg.engine)
+        return {"rollouts": 0, "prompts_too_long": too_long}
+    samples = generate(model_dir, [json.loads(t["messages"]) for t in tasks], cfg.engine,
+                       [t["domain"] for t in tasks])
     table = rollout_table(tasks, samples, policy_version, round_idx, cycle_id)
     with transaction(con, f"rollouts {policy_version} round {round_idx}"):
-        return append_rows(con, "rollouts", table)
+        return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
 
 
 def run(con: duckdb.DuckDBPyConnection, cfg: RolloutConfig, key: StageKey) -> dict:
     """The rollout stage: the key's policy samples this round's tasks."""
     model_dir = local_model_dir(lake_settings(), con, key.policy)
-    return {"rollouts": run_rollouts(con, model_dir, key.policy, key.cycle_id, cfg, key.round)}
+    return sample_round(con, model_dir, key.policy, key.cycle_id, cfg, key.round)

@@ -44,6 +44,8 @@ from verifiers.verdict import Verdict, failed
 ECHOED_KEYS = ("id", "rollout_id")
 
 
+# A row: {"verifier" or "domain", "spec", "completion", optional "prompt" (the task's
+# prompt, which rules that need the question read), optional "id"/"rollout_id"}.
 def row_verifier(row: dict, config: VerifierConfig) -> str:
     """The verifier a row asks for: its explicit "verifier", else its "domain" mapped by config."""
     return config.verifier_for(row.get("domain"), row.get("verifier"))
@@ -60,7 +62,8 @@ def verify_row(row: dict, config: VerifierConfig) -> dict:
     except ValueError as error:
         verdict = failed("format_error", str(error))
     else:
-        verdict = registry.verify(name, row.get("spec"), row.get("completion"), config)
+        prompt = row.get("prompt") if isinstance(row.get("prompt"), str) else None
+        verdict = registry.verify(name, row.get("spec"), row.get("completion"), config, prompt=prompt)
     return _verdict_row(row, verdict, name, (time.perf_counter() - started) * 1000)
 
 

@@ -30,9 +30,19 @@ from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
 from tasks.release.models import local_model_dir, publish_model
 from trainer.launch import run_training
+from trainer.rollout_data import group_rollouts, read_rollouts
 
 if TYPE_CHECKING:
     from tasks.stages import StageKey
+
+
+class NothingToLearn(Exception):
+    """Every group of the round has one reward for all its samples (all pass or all fail):
+    GRPO's advantages are all zero. With a real model that is common, not an error."""
+
+    def __init__(self, groups_dropped: int) -> None:
+        super().__init__(f"all {groups_dropped} groups have zero reward variance: nothing to learn from")
+        self.groups_dropped = groups_dropped
 
 
 @dataclass(frozen=True)
@@ -89,10 +99,15 @@ def model_row(policy_version: str, parent: str, uri: str, cycle_id: str) -> pa.T
 
 def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_version: str, round_idx: int,
                  jobs_root: str | Path, cycle_id: str, cfg: TrainStageConfig = TrainStageConfig()) -> str:
-    """Train on the round's rollouts; returns the new candidate's policy_version."""
+    """Train on the round's rollouts; returns the new candidate's policy_version. Raises
+    NothingToLearn, before any job starts, when no group has reward variance."""
     staging = Path(jobs_root) / f"export-{parent_version[:16]}-{round_idx}.parquet"
     staging.parent.mkdir(parents=True, exist_ok=True)
     exported = export_rollouts(con, parent_version, round_idx, staging, cycle_id)
+    groups = group_rollouts(read_rollouts(staging), cfg.grpo.scale_by_std)
+    if groups.groups_kept == 0:
+        staging.unlink()
+        raise NothingToLearn(groups.groups_dropped)
     version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg)
     known = con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]
     if known:
@@ -111,14 +126,19 @@ def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_
 
 def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) -> dict:
     """The train stage: GRPO on the round's scored rollouts. Its `policy_version` is the
-    new candidate, or the key's policy unchanged when no rollout of the round was scored."""
+    new candidate, or the key's policy unchanged when no rollout of the round was scored
+    or no group has anything to learn (recorded in the counts; the cycle goes on)."""
     scored = con.execute("SELECT count(*) FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) "
                          "WHERE r.cycle_id = ? AND r.round = ?", [key.cycle_id, key.round]).fetchone()[0]
     if scored == 0:
         return {"policy_version": key.policy, "trained": False}
     settings = lake_settings()
     base = local_model_dir(settings, con, key.policy)
-    version = train_policy(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg)
+    try:
+        version = train_policy(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg)
+    except NothingToLearn as nothing:
+        return {"policy_version": key.policy, "trained": False, "groups_kept": 0,
+                "groups_dropped": nothing.groups_dropped, "reason": str(nothing)}
     if settings.uses_s3:
         uri = publish_model(settings, local_model_dir(settings, con, version), version)
         with transaction(con, message=f"model {version[:12]} stored at {uri}"):

@@ -32,7 +32,7 @@ class VerifyStageConfig:
 
 
 _PENDING_SQL = """
-SELECT r.rollout_id, t.verifier, t.spec, r.completion
+SELECT r.rollout_id, t.verifier, t.spec, t.prompt, r.completion
 FROM lake.rollouts r JOIN lake.tasks t USING (task_id)
 WHERE r.cycle_id = ? AND r.round = ?
   AND r.rollout_id NOT IN (SELECT rollout_id FROM lake.verdicts)
@@ -42,8 +42,8 @@ ORDER BY r.rollout_id
 
 def verify_stage(con: duckdb.DuckDBPyConnection, cycle_id: str, round_: int, cfg: VerifyStageConfig) -> dict:
     pending = con.execute(_PENDING_SQL, [cycle_id, round_]).fetchall()
-    rows = [{"rollout_id": rid, "verifier": verifier, "spec": json.loads(spec), "completion": completion}
-            for rid, verifier, spec, completion in pending]
+    rows = [{"rollout_id": rid, "verifier": verifier, "spec": json.loads(spec), "prompt": prompt,
+             "completion": completion} for rid, verifier, spec, prompt, completion in pending]
     results = score_rows(rows, cfg.verifiers, cfg.fanout)
     table = pa.Table.from_pylist([{
         "rollout_id": r["rollout_id"], "verifier": r["verifier"], "reward": float(r["reward"]),

