@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder: lakes on disk, on a real S3 server, on PostgreSQL."""
+"""Fixtures shared by every test folder: lakes on disk, on a real S3 server, on PostgreSQL,
+and the real instruct model (SmolLM2-135M-Instruct)."""
 from __future__ import annotations
 
 import os
@@ -18,6 +19,17 @@ def s3_server(tmp_path_factory):
     proc, server = services.start_s3(tmp_path_factory.mktemp("s3"))
     yield server
     services.stop(proc)
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a plain float32 HF folder, converted once per test run from
+    the GGUF that `make` installs (trainer.model_import; ~25 s)."""
+    from trainer.model_import import convert, resolve_source
+
+    folder = tmp_path_factory.mktemp("smollm2") / "model"
+    convert(resolve_source("smollm2"), folder, "float32")
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,25 @@
 """`code`: run the completion's program against the spec's tests in the sandbox.
 
-The program is the completion's last fenced ```python block, or the whole completion
-when it has none (docs/architecture.md). The spec is {"entry_point": "f", "tests": "<source
-defining check(candidate)>", "solution": optional known-good program}. Inside the
-sandbox, `code_harness.py` runs program, tests, then `check(entry_point)` and reports
-one result line that carries a per-run random nonce; how the nonce is kept out of the
-program's reach is that module's docstring. This module only decides what a run means:
+Finding the program in a model's reply (`extract_program`):
+  * fenced blocks tagged python/py/python3 or untagged are candidates; other languages
+    (bash, text, output, json) are not. The program is the last candidate that defines
+    the entry point (`def f(` or `f = ...`), preceded by earlier definition-only blocks
+    that define a name it uses and lacks (a helper shown in its own block);
+  * a reply without fences that parses is taken whole (HumanEval's prompt + solution);
+    otherwise the code is found in the prose: from each line starting with def, class,
+    import, from or @, the longest run of lines that parses, less trailing lines that
+    are prose parsing by accident. The same choice as for blocks then applies; a reply
+    of 300+ lines costs at most _MAX_UNFENCED_LINES lines and _MAX_PARSES parses;
+  * when nothing defines the entry point, the last candidate goes to the harness anyway,
+    so the verdict says why (format_error "no function ...", a syntax error).
+Example calls after the function (`print(f(2))`) stay and run; `if __name__ ==
+"__main__":` blocks do not (the harness runs the program as module "candidate").
+
+The spec is {"entry_point": "f", "tests": "<source defining check(candidate)>",
+"solution": optional known-good program}. Inside the sandbox, `code_harness.py` runs
+program, tests, then `check(entry_point)` and reports one result line that carries a
+per-run random nonce; how the nonce is kept out of the program's reach is that module's
+docstring. This module only decides what a run means:
 
   status             when
   ok (passed)        the harness's nonce line says "pass"
@@ -22,9 +36,12 @@ with "invalid spec"; curation's gold self-test drops such tasks.
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import re
 import secrets
+import textwrap
 from pathlib import Path
 
 from verifiers.code_harness import RESULT_MARK
@@ -32,7 +49,23 @@ from verifiers.sandbox.runner import RunResult, SandboxConfig, SandboxUnavailabl
 from verifiers.verdict import Verdict, failed
 
 _HARNESS_SOURCE = Path(__file__).with_name("code_harness.py").read_text()
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+# A fenced block: an opening fence line with an optional language tag, then the body up
+# to a line ending in ``` (models sometimes glue the closing fence to the last line) or
+# the end of a cut-off reply. Possessive quantifiers and the lookbehind keep a match
+# linear in the reply's length: a long line of backticks must not be retried at every split.
+_FENCE = re.compile(r"^[ \t]*+`{3,}+[ \t]*+([\w+#.-]*+)[^\n]*+\n(.*?)(?:(?<!`)`{3,}+[ \t]*+$|\Z)",
+                    re.DOTALL | re.MULTILINE)
+_PYTHON_TAGS = frozenset({"", "python", "python3", "py", "py3"})
+_CODE_START = re.compile(r"[ \t]*(?:def |async def |class |import |from |@)")
+# Bounds on the search for code in a reply without fences: a huge reply costs at most
+# this many lines examined and this many parses.
+_MAX_UNFENCED_LINES = 300
+_MAX_PARSES = 100
+_MAX_PARSE_CHARS = 100_000  # no reply source larger than this is parsed on the host
+_MAX_HELPER_BLOCKS = 20
+# What a block that only sets up names for a later block holds (no calls, no prints).
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom,
+                ast.Assign, ast.AnnAssign)
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _OUTCOMES = {  # harness outcome -> (status, correctness)
     "pass": ("ok", 1.0),
@@ -44,10 +77,162 @@ _OUTCOMES = {  # harness outcome -> (status, correctness)
 }
 
 
-def extract_program(completion: str) -> str:
-    """The last ```python block's body, else the whole completion."""
-    blocks = _FENCE.findall(completion)
-    return blocks[-1] if blocks else completion
+def extract_program(completion: str, entry_point: str | None = None) -> str:
+    """The program in a model's reply (the module doc says how it is found).
+
+    Without `entry_point`, "defines it" means "defines any function".
+    """
+    blocks, outside = _split_fences(completion)
+    program = _pick(blocks, entry_point)
+    if program is not None:
+        return program
+    if not blocks and (len(completion) > _MAX_PARSE_CHARS or _parses_as_code(completion)):
+        return completion  # a huge reply is not searched: the sandbox's limits judge it
+    regions = _code_regions(outside)
+    program = _pick(regions, entry_point)
+    if program is not None:
+        return program
+    # Nothing defines the entry point: hand over the likeliest program anyway, so the
+    # harness reports what is wrong with it ("no function ...", a syntax error).
+    return (blocks or regions or [completion])[-1]
+
+
+def _split_fences(completion: str) -> tuple[list[str], str]:
+    """The bodies of the Python fenced blocks, and the text outside every fenced block."""
+    blocks, outside, last = [], [], 0
+    for match in _FENCE.finditer(completion):
+        outside.append(completion[last:match.start()])
+        last = match.end()
+        if match.group(1).lower() in _PYTHON_TAGS:
+            blocks.append(textwrap.dedent(match.group(2)))
+    outside.append(completion[last:])
+    return blocks, "\n".join(outside)
+
+
+def _pick(blocks: list[str], entry_point: str | None) -> str | None:
+    """The last block defining the entry point, after the earlier blocks it needs; or None."""
+    if entry_point is None:
+        defines = re.compile(r"^(?:async[ \t]+)?def[ \t]", re.MULTILINE)
+    else:
+        name = re.escape(entry_point)
+        defines = re.compile(rf"^(?:(?:async[ \t]+)?def[ \t]+{name}[ \t]*\(|{name}[ \t]*(?::[^=\n]*)?=(?!=))",
+                             re.MULTILINE)
+    for index in range(len(blocks) - 1, -1, -1):
+        if defines.search(blocks[index]):
+            return _with_helpers(blocks[index], blocks[max(0, index - _MAX_HELPER_BLOCKS):index])
+    return None
+
+
+def _with_helpers(chosen: str, earlier: list[str]) -> str:
+    """`chosen`, preceded by the earlier definition-only blocks that define a name it uses
+    but does not define ("first a helper: ```...```, now the function: ```...```")."""
+    tree = _parse(chosen)
+    if tree is None or _has_future_import(tree):  # a __future__ import must come first
+        return chosen
+    missing = _free_names(tree)
+    needed = []
+    for block in earlier:
+        helper = _parse(block) if missing else None
+        if helper is None or _has_future_import(helper):
+            continue
+        if all(isinstance(node, _DEFINITIONS) for node in helper.body) and _bound_names(helper) & missing:
+            needed.append(block)
+    return "\n".join(needed + [chosen])
+
+
+def _has_future_import(tree: ast.Module) -> bool:
+    return any(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in tree.body)
+
+
+def _free_names(tree: ast.Module) -> set[str]:
+    """Names read but bound nowhere in `tree` (over-approximating what is bound)."""
+    loaded = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return loaded - _bound_names(tree) - set(dir(builtins))
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound
+
+
+def _code_regions(text: str) -> list[str]:
+    """The code in a reply without fences: from each line that starts code (def, class,
+    import, from, @), the longest run of lines that parses, trailing prose trimmed."""
+    lines = text.splitlines()[:_MAX_UNFENCED_LINES]
+    regions, start, budget = [], 0, [_MAX_PARSES]
+    while start < len(lines) and budget[0] > 0:
+        end = _longest_parsing_run(lines, start, budget) if _CODE_START.match(lines[start]) else None
+        if end is None:
+            start += 1
+            continue
+        regions.append(textwrap.dedent("\n".join(lines[start:end])) + "\n")
+        start = end
+    return regions
+
+
+def _longest_parsing_run(lines: list[str], start: int, budget: list[int]) -> int | None:
+    """The largest `end` for which lines[start:end] parses (each parse spends budget), less
+    trailing statements that are prose parsing by accident ("Explanation", "Complexity: O(n)")."""
+    indent = _indent(lines[start])
+    # An indented start (a markdown code block) ends at the first line left of it.
+    end = next((k for k in range(start + 1, len(lines)) if lines[k].strip() and _indent(lines[k]) < indent),
+               len(lines))
+    while end > start and budget[0] > 0:
+        next_line = lines[end] if end < len(lines) else ""
+        if next_line.strip() and _indent(next_line) > indent or not lines[end - 1].strip():
+            end -= 1  # mid-statement, or the same run as a shorter end
+            continue
+        budget[0] -= 1
+        try:
+            tree = ast.parse(textwrap.dedent("\n".join(lines[start:end])))
+        except SyntaxError as error:
+            # Nothing that contains the line the parser stopped at can parse.
+            stop = start + error.lineno - 1 if error.lineno else end - 1
+            end = max(start, min(end - 1, stop))
+            continue
+        except (ValueError, RecursionError, MemoryError, OverflowError):
+            end -= 1
+            continue
+        body = tree.body
+        while body and _looks_like_prose(body[-1]):
+            body = body[:-1]
+        return start + body[-1].end_lineno if body else None
+    return None
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _looks_like_prose(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Name)) or (
+        isinstance(node, ast.AnnAssign) and node.value is None and node.simple)
+
+
+def _parses_as_code(source: str) -> bool:
+    """Whether `source` parses and neither starts nor ends with a line of prose that
+    parses by accident ("Explanation")."""
+    tree = _parse(source)
+    return tree is not None and not (tree.body and (_looks_like_prose(tree.body[0]) or
+                                                    _looks_like_prose(tree.body[-1])))
+
+
+def _parse(source: str) -> ast.Module | None:
+    if len(source) > _MAX_PARSE_CHARS:
+        return None  # bounds the host's time; the sandbox still runs such a program
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return None
 
 
 def reference_problem(reference: dict) -> str | None:
@@ -83,7 +268,7 @@ def verify(spec: dict, completion: str, *, sandbox: SandboxConfig = SandboxConfi
     problem = spec_problem(spec)
     if problem:
         return failed("format_error", f"invalid spec: {problem}", correctness=0.0, format=0.0)
-    program = extract_program(completion)
+    program = extract_program(completion, spec["entry_point"])
     if not program.strip():
         return failed("format_error", "no program in the completion", correctness=0.0, format=0.0)
     nonce = secrets.token_hex(16)

@@ -26,6 +26,10 @@ the harness. The hook (`sys.addaudithook`, which cannot be removed) sees to that
     replace (it captured the C functions it needs and compares by identity): harness
     events prove their origin with a token object that only harness frames hold;
   * after the one result line, the nonce is forgotten.
+The tests run in a namespace of their own, seeded with the program's names (HumanEval's
+tests call the prompt's helpers) but never its dunders, a `check`, or a name that
+shadows a builtin; the entry point there is the wrapped candidate (tests_namespace).
+
 sys._getframe is refused without a record because namedtuple, typing and enum call it
 for their caller's module name and fall back on the (ValueError) refusal; a refusal that
 escapes model code is recorded. Builtins are compared by identity before reporting.
@@ -291,11 +295,32 @@ def wrap_candidate(function, audit=sys.audit):
     return candidate
 
 
+def tests_namespace(program_ns: dict, entry_point: str, candidate, builtins) -> dict:
+    """The namespace the tests run in: what the program defines, minus what it may not set.
+
+    Tests (HumanEval's among them) call helpers the prompt defines (poly, encode_cyclic)
+    or the function by its own name, so they see the program's names. Left out: dunders,
+    `check` (the tests' own verdict) and any name that shadows a builtin (a program must
+    not hand check a rigged `abs` or `isinstance`). The entry point's name is the wrapped
+    candidate, so the rigged-__eq__ probe sees those calls too. The tests run after this
+    and overwrite it: their own definitions and imports win.
+    """
+    namespace = {"__name__": "tests", "__builtins__": builtins}
+    shadowed = builtins.__dict__
+    for name, value in list(program_ns.items()):
+        if type(name) is not str or name == "check" or name in shadowed:
+            continue
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        namespace[name] = value
+    namespace[entry_point] = candidate
+    return namespace
+
+
 def run_user_code(program_code, tests_code, entry_point: str, audit, token) -> tuple[str, str]:
     """Run program, tests, check(candidate); return (outcome, detail). Model code runs here."""
     import builtins
     program_ns = {"__name__": "candidate", "__builtins__": builtins}
-    tests_ns = {"__name__": "tests", "__builtins__": builtins}
     stage = "program"
     try:
         exec(program_code, program_ns)
@@ -303,19 +328,27 @@ def run_user_code(program_code, tests_code, entry_point: str, audit, token) -> t
         if not callable(function):
             return "no_entry", f"the program defines no function {entry_point!r}"
         stage = "tests"
+        candidate = wrap_candidate(function)
+        tests_ns = tests_namespace(program_ns, entry_point, candidate, builtins)
         exec(tests_code, tests_ns)
         check = tests_ns.get("check")
         if not callable(check):
             return "bad_tests", "the tests define no check(candidate)"
         audit("flywheel.tests", token, check)
         stage = "check"
-        check(wrap_candidate(function))
+        check(candidate)
     except SystemExit as exit_:
         return "hacking", f"SystemExit({exit_.code!r}) raised during the {stage}"
     except Refused as error:
         return "hacking", f"{error} (in the {stage})"
     except AssertionError as error:
         return "wrong", f"assertion failed in the {stage}: {str(error)[:200]}"
+    except NameError as error:
+        name = error.name if type(error) is NameError else None
+        if stage == "program" and type(name) is str and name == entry_point:
+            # A usage example with no definition above it (`print(f(2))` alone).
+            return "no_entry", f"the program uses {entry_point!r} but defines no function by that name"
+        return "wrong", f"NameError in the {stage}: {str(error)[:200]}"
     except BaseException as error:  # noqa: BLE001 - any error of model code is a wrong answer
         return "wrong", f"{type(error).__name__} in the {stage}: {str(error)[:200]}"
     if tests_ns.get("check") is not check:

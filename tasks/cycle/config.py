@@ -42,6 +42,15 @@ class CycleConfig:
     evaluate: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
 
+    def __post_init__(self) -> None:
+        # The trainer recomputes the rollouts' logprobs at their sampling temperature: any
+        # other value makes every importance ratio wrong from the first token.
+        sampled, trained = self.rollout.engine.temperature, self.train.grpo.temperature
+        if sampled != trained:
+            raise ConfigError(f"cycle.train.grpo.temperature ({trained}) must equal "
+                              f"cycle.rollout.engine.temperature ({sampled}), the temperature the rollouts "
+                              "were sampled at; set both")
+
 
 def cycle_config(overrides: Mapping[str, Any] | None = None) -> CycleConfig:
     """The cycle's config as flywheel.toml and the environment say now.

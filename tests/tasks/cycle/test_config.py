@@ -65,6 +65,10 @@ def test_an_integer_fills_a_float_but_not_the_reverse():
     # the stage's own __post_init__ judges the value; the message says where it was set
     ({"train": {"grpo": {"steps": 0}}}, r"^cycle\.train\.grpo: GRPOConfig\.steps and groups_per_step must be >= 1"),
     ({"gate": {"min_gain": 2.0}}, r"^cycle\.gate: min_gain is a difference of pass rates"),
+    ({"rollout": {"engine": {"temperature": 0.7}}},
+     r"cycle\.train\.grpo\.temperature \(1\.0\) must equal cycle\.rollout\.engine\.temperature \(0\.7\)"),
+    ({"rollout": {"engine": {"max_tokens_by_domain": {"code": 9000}}}},
+     r"max_tokens_by_domain\['code'\] must be an integer from 1 to below max_model_len \(4096\)"),
 ])
 def test_a_bad_setting_is_a_config_error_naming_its_path(section, message):
     with pytest.raises(ConfigError, match=message):
