@@ -1,8 +1,13 @@
-"""`flywheel demo` (= `make demo`): run the demo flow on a fresh home and print its table."""
+"""`flywheel demo` (= `make demo`): run the demo flow on a fresh home and print its table.
+
+`--model smollm2` (or any HF folder or .gguf) runs the loop on a real instruct model
+instead of the tiny one, sized for about 45 minutes on 2 cores (flows/demo/real_model.py).
+"""
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -13,9 +18,14 @@ from rich.table import Table
 
 def demo_command(
     home: Annotated[Path, typer.Option(help="Fresh folder for the demo's lake (wiped first).")] = Path(".flywheel/demo"),
-    cycles: Annotated[int, typer.Option(min=1, max=10)] = 3,
-    requests: Annotated[int, typer.Option(min=50, help="Production requests served per cycle.")] = 2000,
-    rounds: Annotated[int, typer.Option(min=1, help="rollout -> verify -> train rounds per cycle.")] = 2,
+    model: Annotated[str, typer.Option(help=(
+        "tiny: the ~1M-parameter model built here (20 minutes); smollm2, a HF folder or a .gguf: a real "
+        "instruct model, imported (~45 minutes for SmolLM2-135M on 2 cores)."))] = "tiny",
+    cycles: Annotated[int | None, typer.Option(min=1, max=10, help="Default: 3 (tiny), 2 (real model).")] = None,
+    requests: Annotated[int | None, typer.Option(min=50, help=(
+        "Production requests served per cycle. Default: 2000 (tiny), 400 (real model)."))] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help=(
+        "rollout -> verify -> train rounds per cycle. Default: 2 (tiny), 1 (real model)."))] = None,
     sft_target: Annotated[float, typer.Option(min=0.01, max=1.0, help=(
         "SFT warms the tiny model until greedy decoding answers this share of held-out additions."))] = 0.5,
 ) -> None:
@@ -27,8 +37,16 @@ def demo_command(
     os.environ["FLYWHEEL_CONFIG"] = str(home.resolve() / "flywheel.toml")  # written by demo_flow
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.demo.flow import DemoConfig, demo_flow
+    from flows.demo.real_model import real_model_settings
 
-    rows = demo_flow(DemoConfig(cycles=cycles, requests=requests, rounds=rounds, sft_target=sft_target))
+    cfg = DemoConfig(sft_target=sft_target)
+    if model != "tiny":
+        cfg = real_model_settings(cfg, model)
+    given = {"cycles": cycles, "rounds": rounds}
+    cfg = replace(cfg, **{k: v for k, v in given.items() if v is not None})
+    if requests is not None:
+        cfg = replace(cfg, traffic=replace(cfg.traffic, requests=requests))
+    rows = demo_flow(cfg)
     print_demo_table(rows, home)
 
 

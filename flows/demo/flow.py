@@ -1,6 +1,7 @@
 """`flywheel demo`: the flywheel turning, from nothing, on one CPU machine.
 
-1. build the tiny model and SFT-warm it on 2-digit additions; register it as production;
+1. build the tiny model and SFT-warm it on 2-digit additions (or, with `--model`, import
+   a real instruct model: flows/demo/real_model.py); register it as production;
 2. register evaluation sets (the demo-data sets plus held-out additions);
 3. three times: the production model serves a stream of fresh requests, its failures
    (with the repeats, leaks and broken lines real logs carry) land as a JSONL file,
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import flow
@@ -24,7 +25,7 @@ from storage.lake import open_lake
 from flows.demo.data.generate import DemoDataConfig, generate_demo_data
 from flows.demo.data.domains import sample_task
 from tasks.curate.evalsets import register_evalset
-from tasks.release.models import local_model_dir, production_version, register_model
+from tasks.release.models import import_model, local_model_dir, production_version, register_model
 from flows.demo.simulate import TrafficConfig, serve_traffic, write_landing
 from flows.demo.tiny_model import ModelConfig, init_model
 from flows.demo.sft import SFTConfig, run_sft
@@ -48,10 +49,13 @@ temperature = 0.3
 
 @dataclass(frozen=True)
 class DemoConfig:
+    model: str = "tiny"  # "tiny": built here; else a `flywheel model import` source
+    toml: str = DEMO_TOML  # the cycle's settings (flywheel.toml in the demo's home)
     cycles: int = 3
     # 2,000 requests: the failure rate's 95% interval is about +/-2 points, and the ~1,000
     # failures they log give a round ~350 groups with reward variance to train on.
-    requests: int = 2000
+    traffic: TrafficConfig = field(default_factory=lambda: TrafficConfig(requests=2000))
+    eval_items_per_set: int | None = None  # None: every item of each evaluation set
     # Two rounds, each rolling out every candidate task (word problems the policy cannot
     # solve yet give all-fail groups, which are dropped) and taking up to 40 steps of 32
     # groups, capped at two passes over the kept groups (~23 steps). Measured in-process
@@ -111,6 +115,8 @@ def register_eval_sets(home: Path, cfg: DemoConfig) -> tuple[list[dict], set[str
     items, prompts = [], set()
     con = open_lake(lake_settings())
     for file in sorted((home / "demo-data" / "evalsets").glob("*.jsonl")):
+        if cfg.eval_items_per_set is not None:  # a slower model is judged on fewer items
+            file.write_text("".join(file.read_text().splitlines(keepends=True)[:cfg.eval_items_per_set]))
         register_evalset(con, file.stem, file, cycle_id="demo-setup", verifiers=cycle_config().curate.verifiers)
         for line in file.read_text().splitlines():
             item = json.loads(line)
@@ -127,8 +133,7 @@ def serve(cfg: DemoConfig, seed: int, eval_items: list[dict]):
     version = production_version(con)
     model_dir = local_model_dir(settings, con, version)
     con.close()
-    traffic = serve_traffic(model_dir, version, TrafficConfig(requests=cfg.requests), seed,
-                            cycle_config().verify.verifiers, eval_items)
+    traffic = serve_traffic(model_dir, version, cfg.traffic, seed, cycle_config().verify.verifiers, eval_items)
     return version, traffic
 
 
@@ -136,10 +141,14 @@ def serve(cfg: DemoConfig, seed: int, eval_items: list[dict]):
 def demo_flow(cfg: DemoConfig = DemoConfig()) -> list[dict]:
     settings = lake_settings()
     home = settings.home
-    (home / "flywheel.toml").write_text(DEMO_TOML)
+    (home / "flywheel.toml").write_text(cfg.toml)
     eval_items, eval_prompts = register_eval_sets(home, cfg)
     con = open_lake(settings)
-    register_model(con, settings, build_production_model(home, cfg, eval_prompts), "demo: SFT-warmed tiny model")
+    if cfg.model == "tiny":
+        register_model(con, settings, build_production_model(home, cfg, eval_prompts), "demo: SFT-warmed tiny model")
+    else:
+        version, _new = import_model(con, settings, cfg.model, "float32")
+        register_model(con, settings, local_model_dir(settings, con, version), f"demo: imported {cfg.model}")
     con.close()
     rows = []
     for c in range(1, cfg.cycles + 2):

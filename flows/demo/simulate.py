@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
@@ -36,6 +36,8 @@ class TrafficConfig:
     backend: Literal["vllm", "transformers"] = "vllm"
     temperature: float = 0.3
     max_tokens: int = 12
+    # A real instruct model answers in sentences and writes functions: budgets per domain.
+    max_tokens_by_domain: dict[str, int] = field(default_factory=dict)
     repeat_share: float = 0.05
     near_duplicate_share: float = 0.05
     leak_share: float = 0.03
@@ -76,14 +78,15 @@ def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed
     """Answer `cfg.requests` fresh tasks with the model; log the failures."""
     rng = random.Random(f"flywheel-traffic:{seed}")
     engine = EngineConfig(backend=cfg.backend, n=1, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                          seed=seed)
+                          max_tokens_by_domain=cfg.max_tokens_by_domain, seed=seed)
     tasks: list[dict] = []
     while len(tasks) < cfg.requests:  # requests the model's context can hold
         drawn = [draw_request(cfg, rng) for _ in range(cfg.requests - len(tasks))]
-        fits = prompt_fits(model_dir, [[{"role": "user", "content": t["prompt"]}] for t in drawn], engine)
+        fits = prompt_fits(model_dir, [[{"role": "user", "content": t["prompt"]}] for t in drawn], engine,
+                           [t["domain"] for t in drawn])
         tasks += [t for t, ok in zip(drawn, fits, strict=True) if ok]
     prompts = [[{"role": "user", "content": t["prompt"]}] for t in tasks]
-    samples = generate(model_dir, prompts, engine)
+    samples = generate(model_dir, prompts, engine, [t["domain"] for t in tasks])
     rows = [{"verifier": verifiers.verifier_for(t["domain"]), "spec": t["reference"], "prompt": t["prompt"],
              "completion": s.text} for t, s in zip(tasks, samples, strict=True)]
     verdicts = verify_rows(rows, verifiers)
