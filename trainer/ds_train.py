@@ -36,6 +36,15 @@ def load_policy(path: str):
     return model, pad_id
 
 
+def with_lora(model, cfg):
+    """The model with LoRA adapters on cfg.lora_targets (B = 0: it starts as the base)."""
+    from peft import LoraConfig, get_peft_model
+
+    alpha = cfg.lora_alpha if cfg.lora_alpha is not None else 2 * cfg.lora_rank
+    return get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=alpha,
+                                            target_modules=list(cfg.lora_targets), lora_dropout=0.0))
+
+
 def run(job_dir: Path) -> None:
     import deepspeed
 
@@ -49,10 +58,13 @@ def run(job_dir: Path) -> None:
     if groups.groups_kept == 0:
         raise RolloutDataError(f"{job.rollouts}: no group has reward variance; nothing to learn from")
     model, pad_id = load_policy(job.base_model)
+    if cfg.lora_rank:
+        model = with_lora(model, cfg)
     micro = max(1, cfg.groups_per_step * len(groups.rows) // groups.groups_kept // world)
+    trainable = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(
         model=model, config=deepspeed_config(cfg, micro, world, on_gpu),
-        optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay))
+        optimizer=torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay))
     # pi_old is the base policy, scored before any checkpoint is loaded so a resumed run
     # uses exactly the values an uninterrupted one did.
     old_logp = score_rows(engine.module, groups.rows, cfg, pad_id, engine.device)
@@ -109,7 +121,11 @@ def export_model(engine, job: TrainJob, job_dir: Path, tag: str, rank: int) -> N
         return
     out, tmp = model_dir(job_dir), Path(job_dir) / "model.partial"
     shutil.rmtree(tmp, ignore_errors=True)
-    if job.config.zero_stage == 0:
+    if job.config.lora_rank:
+        # ZeRO <= 2 leaves every rank the full weights: merge the adapters into them, so
+        # the candidate is a plain folder (no adapter files) like any other model.
+        engine.module.merge_and_unload().save_pretrained(str(tmp))
+    elif job.config.zero_stage == 0:
         engine.module.save_pretrained(str(tmp))
     else:
         # ZeRO keeps the fp32 master weights partitioned in the checkpoint; merge them.

@@ -57,6 +57,14 @@ class GRPOConfig:
     # not pad every row to its length. One 200-token word problem among 256 additions
     # of ~20 tokens made a CPU step 19-43 s instead of ~4 s.
     micro_tokens: int = 8192
+    # LoRA (PEFT): 0 = full fine-tuning. Measured on SmolLM2-135M, 2 CPU cores, one
+    # forward+backward+AdamW over 8 x 128 tokens: full 7.3 s, LoRA r=16 on every
+    # projection 4.1 s, with 4.9M instead of 134.5M trainable parameters (27x less
+    # optimiser state to keep and checkpoint). LoRA wants a ~10x larger lr than full
+    # fine-tuning. The exported candidate is merged: a plain folder vLLM loads.
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # None: 2 x lora_rank
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.groups_per_step < 1:
@@ -79,6 +87,11 @@ class GRPOConfig:
             raise ValueError("GRPOConfig.micro_tokens must be >= 1")
         if self.max_epochs <= 0:
             raise ValueError("GRPOConfig.max_epochs must be > 0 (passes over the kept groups)")
+        if self.lora_rank < 0 or (self.lora_rank and not self.lora_targets):
+            raise ValueError("GRPOConfig.lora_rank must be >= 0 (0: full fine-tuning), with lora_targets")
+        if self.lora_rank and self.zero_stage == 3:
+            raise ValueError("GRPOConfig.lora_rank needs zero_stage <= 2: the LoRA export merges the "
+                             "adapters into the full weights each rank holds, which ZeRO-3 partitions")
 
     def steps_for(self, groups_kept: int) -> int:
         """Optimiser steps a job with `groups_kept` groups runs: `steps`, capped by max_epochs."""
