@@ -5,9 +5,9 @@ The model is imported (`flywheel model import`: the SmolLM2-135M-Instruct GGUF t
 serves the demo's production traffic, answering in sentences and prose-wrapped code,
 and its failures go through the same cycles as the tiny model's.
 
-Sized for a stated budget on 2 CPU cores (about 45 minutes), from what was measured
-here on SmolLM2 (vLLM on CPU, ~150-200 sampled tokens/s; a ZeRO-2 GRPO step over ~32
-samples ~40-60 s on 2 ranks):
+Sized for a budget of 45 minutes on 2 CPU cores (measured: 24), from what was measured
+here on SmolLM2 (vLLM on CPU, ~200 sampled tokens/s; a ZeRO-2 GRPO step over ~32
+samples 45-90 s on 2 ranks):
 - 400 requests per serve: the failure rate's 95% interval is about +/-5 points;
 - completion budgets per domain: a sentence for a sum, a function, a JSON object;
 - one round of 32 tasks x 4 samples and 8 GRPO steps per cycle, full fine-tuning
