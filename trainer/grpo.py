@@ -90,6 +90,7 @@ class GRPOConfig:
             raise ValueError("GRPOConfig.micro_tokens must be >= 1")
         if self.max_epochs <= 0:
             raise ValueError("GRPOConfig.max_epochs must be > 0 (passes over the kept groups)")
+        object.__setattr__(self, "lora_targets", tuple(self.lora_targets))  # a JSON job gives a list
         if self.lora_rank < 0 or (self.lora_rank and not self.lora_targets):
             raise ValueError("GRPOConfig.lora_rank must be >= 0 (0: full fine-tuning), with lora_targets")
         if self.lora_rank and self.zero_stage == 3:
