@@ -23,14 +23,14 @@ from flows.demo.simulate import TrafficConfig
 # Sentences for a sum, room for a function or an object and a line of prose around it.
 BUDGETS = {"math": 96, "code": 256, "json": 160}
 
-REAL_TOML = """\
+_TOML_TEMPLATE = """\
 [cycle.rollout]
 tasks_per_round = 32
 [cycle.rollout.engine]
 n = 4
 temperature = 0.7
 max_tokens = 96
-max_tokens_by_domain = { math = 96, code = 256, json = 160 }
+max_tokens_by_domain = {budgets}
 max_model_len = 1024
 
 [cycle.train]
@@ -50,9 +50,11 @@ k = 2
 n = 2
 temperature = 0.3   # production's serving temperature (TrafficConfig)
 max_tokens = 96
-max_tokens_by_domain = { math = 96, code = 256, json = 160 }
+max_tokens_by_domain = {budgets}
 max_model_len = 1024
 """
+REAL_TOML = _TOML_TEMPLATE.replace(
+    "{budgets}", "{ " + ", ".join(f"{domain} = {tokens}" for domain, tokens in BUDGETS.items()) + " }")
 
 
 def real_model_settings(demo, model: str):

@@ -26,6 +26,7 @@ from tasks.ingest.batch import IngestConfig
 from tasks.round.rollout import RolloutConfig
 from tasks.round.train import TrainStageConfig
 from tasks.round.verify import VerifyStageConfig
+from verifiers.registry import DEFAULT_DOMAIN_MAP, VerifierConfig
 
 D = typing.TypeVar("D")
 
@@ -41,8 +42,16 @@ class CycleConfig:
     train: TrainStageConfig = field(default_factory=TrainStageConfig)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    domains: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_DOMAIN_MAP))
+    """domain -> verifier, for every stage: ingest's known domains, curation's self-test,
+    verification and evaluation all read this one map (`one_domain_map`)."""
 
     def __post_init__(self) -> None:
+        try:
+            VerifierConfig(domain_map=self.domains)  # names only known verifiers
+        except ValueError as exc:
+            raise ValueError(f"domains: {exc}") from None
+        object.__setattr__(self, "domains", dict(self.domains))
         # The trainer recomputes the rollouts' logprobs at their sampling temperature: any
         # other value makes every importance ratio wrong from the first token.
         sampled, trained = self.rollout.engine.temperature, self.train.grpo.temperature
@@ -106,4 +115,29 @@ def _set_path(node: Any, names: list[str], value: Any, path: str) -> Any:
 def cycle_config_from(section: Any, env: Mapping[str, str] | None = None) -> CycleConfig:
     """CycleConfig from a parsed `[cycle]` table (and FLYWHEEL_CYCLE_* variables in env);
     anything unusable raises ConfigError naming the setting's path."""
-    return fill(CycleConfig, section, "cycle", env or {})
+    return one_domain_map(fill(CycleConfig, section, "cycle", env or {}))
+
+
+# Where each stage keeps its copy of the domain map. These paths predate [cycle.domains]
+# and still work as ways to set the one map; they can no longer disagree.
+_DOMAIN_MAP_PATHS = ("ingest.rules.domain_map", "curate.verifiers.domain_map",
+                     "verify.verifiers.domain_map", "evaluate.verifiers.domain_map")
+
+
+def one_domain_map(config: CycleConfig) -> CycleConfig:
+    """`config` with one domain map in every stage: the one set, in `[cycle.domains]` or
+    at any stage's older path, else the default. Two different maps are a ConfigError:
+    a domain that ingest accepts but verification cannot score is a silent loss."""
+    paths = ("domains",) + _DOMAIN_MAP_PATHS
+    chosen = {path: dict(_get_path(config, path.split("."))) for path in paths}
+    chosen = {path: m for path, m in chosen.items() if m != dict(DEFAULT_DOMAIN_MAP)}
+    if not chosen:
+        return config
+    distinct = {tuple(sorted(m.items())) for m in chosen.values()}
+    if len(distinct) > 1:
+        raise ConfigError("the domain map is set differently at " + ", ".join(f"cycle.{p}" for p in chosen)
+                          + "; set it once, in [cycle.domains]")
+    domain_map = next(iter(chosen.values()))
+    for path in paths:
+        config = _set_path(config, path.split("."), domain_map, path)
+    return config

@@ -121,3 +121,24 @@ def test_the_compose_stacks_config_file_is_valid():
     path = Path(__file__).resolve().parents[3] / "config" / "flywheel.toml"
     cfg = cycle_config_from(tomllib.loads(path.read_text())["cycle"])
     assert cfg.train.grpo.lr == 3e-5 and cfg.rollout.engine.backend == "vllm"
+
+
+def test_one_domain_map_reaches_every_stage_from_its_own_table_or_any_older_path():
+    for section in ({"domains": {"arith": "math"}},
+                    {"curate": {"verifiers": {"domain_map": {"arith": "math"}}}},
+                    {"ingest": {"rules": {"domain_map": {"arith": "math"}}},
+                     "evaluate": {"verifiers": {"domain_map": {"arith": "math"}}}}):
+        config = cycle_config_from(section)
+        maps = [config.domains, config.ingest.rules.domain_map, config.curate.verifiers.domain_map,
+                config.verify.verifiers.domain_map, config.evaluate.verifiers.domain_map]
+        assert maps == [{"arith": "math"}] * 5, section
+    from_env = cycle_config_from({}, env={"FLYWHEEL_CYCLE_DOMAINS": '{"m": "code"}'})
+    assert from_env.ingest.rules.domain_map == {"m": "code"}
+
+
+def test_two_different_domain_maps_are_refused_naming_both_places():
+    section = {"domains": {"a": "math"}, "verify": {"verifiers": {"domain_map": {"b": "math"}}}}
+    with pytest.raises(ConfigError, match=r"cycle\.domains, cycle\.verify\.verifiers\.domain_map; set it once"):
+        cycle_config_from(section)
+    with pytest.raises(ConfigError, match=r"domains: domain_map names unknown verifiers \{'a': 'abacus'\}"):
+        cycle_config_from({"domains": {"a": "abacus"}})
