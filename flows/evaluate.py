@@ -35,7 +35,7 @@ def evaluate_flow(params: EvaluateParams = EvaluateParams()) -> dict:
     scores = stage_task("evaluate", key, params.overrides())
     gate = stage_task("gate", key, params.overrides())
     applied = stage_task("promote", key) if params.apply_gate else None
-    publish_task(evaluation_id, models, applied)
+    publish_task(evaluation_id, models, applied, params.overrides())
     return {"evaluation_id": evaluation_id, **models, "decision": gate.get("decision"),
             "candidate_scores": scores.get("candidate"), "production_scores": scores.get("production"),
             "applied": applied}

@@ -1,7 +1,8 @@
 """The flywheel cycle: one Prefect flow, the pipeline in order.
 
 ingest new landing files -> curate -> (rollout -> verify -> train) x rounds
--> evaluate -> gate -> promote -> report. Every stage is `tasks.stages.STAGES[name]`
+-> evaluate -> gate -> promote -> report (files, Prefect artifacts, MLflow runs).
+Every stage is `tasks.stages.STAGES[name]`
 run by one generic Prefect task that records its completion in `cycle_stages`;
 rerunning a cycle with the same cycle_id continues from the first stage that did not
 finish. A stage that still fails after its retries marks the cycle `failed` with the
@@ -36,5 +37,5 @@ def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
     stage_task("gate", release, run)
     stage_task("promote", release, run)
     summary = finish_task(cycle_id)
-    report_task(cycle_id)
+    report_task(cycle_id, run)
     return summary

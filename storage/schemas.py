@@ -75,7 +75,19 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("policy_version", pa.string()), ("step", pa.int64()), ("loss", pa.float64()),
         ("reward_mean", pa.float64()), ("reward_std", pa.float64()), ("kl", pa.float64()),
         ("entropy", pa.float64()), ("clip_frac", pa.float64()), ("resp_len_mean", pa.float64()),
-        ("groups_kept", pa.int64()), ("groups_dropped", pa.int64()), ("tokens_per_s", pa.float64())),
+        ("groups_kept", pa.int64()), ("groups_dropped", pa.int64()), ("tokens_per_s", pa.float64()),
+        # kl_reference: `kl` is to a frozen reference model (the parent), not to the rollout
+        # policy; sft_*: the supervised part of the step (tasks no sample solved)
+        added=(("kl_reference", pa.bool_()), ("sft_loss", pa.float64()), ("sft_tokens", pa.int64()))),
+    # one row per task of a round: what its samples showed and where it went. route:
+    # rl (0 < passes < samples), sft (unsolved, trained on its reference solution), skip
+    # (not trained this round: solved, or unsolved with no reference), retire (solved
+    # reliably: not selected again). pass_low/high: the pass rate's Wilson interval.
+    "routes": _schema(
+        ("task_id", pa.string()), ("round", pa.int32()), ("policy_version", pa.string()),
+        ("domain", pa.string()), ("samples", pa.int32()), ("passes", pa.int32()),
+        ("pass_rate", pa.float64()), ("pass_low", pa.float64()), ("pass_high", pa.float64()),
+        ("route", pa.string()), ("reason", pa.string())),
     # source .. chat_template: what an imported or registered model is (NULL for a trained
     # one, which has its parent's)
     "models": _schema(
@@ -107,6 +119,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 DECISIONS = ("kept", "duplicate", "near_duplicate", "contaminated", "unverifiable")
 MODEL_STATUSES = ("candidate", "production", "rejected", "retired")
+ROUTES = ("rl", "sft", "skip", "retire")
 
 
 def empty_table(name: str) -> pa.Table:

@@ -47,8 +47,10 @@ class StageKey:
 @dataclass(frozen=True)
 class Stage:
     run: Callable[[duckdb.DuckDBPyConnection, Any, StageKey], dict]
-    config: str | None
-    """The `CycleConfig` field (`[cycle.<name>]`) the stage takes; None: no settings."""
+    config: str | tuple[str, ...] | None
+    """The `CycleConfig` field (`[cycle.<name>]`) the stage takes; a tuple: the stage takes
+    those sections as a tuple (the rollout stage scores with the verify section's
+    verifiers); None: no settings."""
     retries: int = 0
 
 
@@ -56,7 +58,7 @@ class Stage:
 STAGES: dict[str, Stage] = {
     "ingest": Stage(batch.run, "ingest", retries=2),
     "curate": Stage(curation.run, "curate"),
-    "rollout": Stage(rollout.run, "rollout"),
+    "rollout": Stage(rollout.run, ("rollout", "verify")),
     "verify": Stage(verify.run, "verify"),
     "train": Stage(train.run, "train"),
     "evaluate": Stage(evaluate.run, "evaluate"),

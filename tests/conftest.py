@@ -3,6 +3,7 @@ and the real instruct model (SmolLM2-135M-Instruct)."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
@@ -12,6 +13,16 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 from storage.settings import LakeSettings  # noqa: E402
 from tests import services  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_warm_dask_cluster():
+    """Each test module that scores code starts the process's warm Dask cluster
+    (tasks.round.scoring.local_client); stop its worker processes when the module ends."""
+    yield
+    scoring = sys.modules.get("tasks.round.scoring")  # not imported: no cluster to close
+    if scoring is not None:
+        scoring.close_local_cluster()
 
 
 @pytest.fixture(scope="session")

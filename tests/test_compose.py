@@ -62,7 +62,7 @@ def test_the_schema_check_catches_a_broken_file():
 
 def test_the_stack_has_every_service_the_issue_asks_for():
     expected = {"minio", "minio-init", "postgres", "prefect-server", "cpu-worker", "webhook",
-                "dask-scheduler", "dask-worker", "gpu-worker"}
+                "dask-scheduler", "dask-worker", "gpu-worker", "mlflow"}
     assert expected <= set(SERVICES)
     assert SERVICES["dask-worker"]["deploy"]["replicas"] == 2
     gpu = SERVICES["gpu-worker"]
@@ -72,6 +72,16 @@ def test_the_stack_has_every_service_the_issue_asks_for():
     init = " ".join(SERVICES["minio-init"]["command"])
     assert "notify_webhook:flywheel endpoint=http://webhook:8000/hooks/s3-events" in init
     assert "arn:minio:sqs::flywheel:webhook --event put --prefix landing/" in init
+
+
+def test_the_workers_track_to_the_mlflow_service():
+    # the flows (cycle, evaluate) run in the worker pools: their report tasks write the runs
+    argv = SERVICES["mlflow"]["command"]
+    port = argv[argv.index("--port") + 1]
+    for name in ("cpu-worker", "gpu-worker"):
+        assert SERVICES[name]["environment"]["MLFLOW_TRACKING_URI"] == f"http://mlflow:{port}", name
+    assert f"mlflow:{port}" in env_example()["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")
+    assert "mlflow-data:/var/lib/mlflow" in SERVICES["mlflow"]["volumes"]
 
 
 def test_every_variable_is_in_env_example_and_every_example_is_used():
@@ -146,7 +156,7 @@ def _help(path: tuple[str, ...]) -> subprocess.CompletedProcess:
 
 def test_every_service_command_is_a_real_command_with_real_options():
     paths = _command_paths()
-    assert {p[0] for p in paths} <= {"flywheel", "prefect", "dask"}
+    assert {p[0] for p in paths} <= {"flywheel", "prefect", "dask", "mlflow"}
     assert ("flywheel", "serve") in paths and ("flywheel", "webhook") in paths
     with ThreadPoolExecutor(3) as pool:
         helps = dict(zip(paths, pool.map(_help, paths)))

@@ -23,8 +23,9 @@ from trainer.grpo import (append_metrics, deepspeed_config, score_rows, step_met
 from trainer.job import (TrainJob, checkpoint_dir, copy_tokenizer_files, latest_tag, metrics_path, model_dir,
                          read_job)
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
+from trainer.sft import read_sft_rows
 
-SUM_KEYS = ("loss", "kl", "clip_frac", "entropy", "tokens", "all_tokens")
+SUM_KEYS = ("loss", "kl", "clip_frac", "entropy", "tokens", "all_tokens", "sft_nll", "sft_tokens")
 
 
 def load_policy(path: str):
@@ -55,12 +56,15 @@ def run(job_dir: Path) -> None:
     cfg = job.config
     torch.manual_seed(cfg.seed)
     groups = group_rollouts(read_rollouts(job.rollouts), cfg.scale_by_std)
-    if groups.groups_kept == 0:
-        raise RolloutDataError(f"{job.rollouts}: no group has reward variance; nothing to learn from")
+    sft_rows = read_sft_rows(job.sft_rows)
+    if groups.groups_kept == 0 and not sft_rows:
+        raise RolloutDataError(f"{job.rollouts}: no group has reward variance and the job has no SFT rows; "
+                               "nothing to learn from")
     model, pad_id = load_policy(job.base_model)
     if cfg.lora_rank:
         model = with_lora(model, cfg)
-    micro = max(1, cfg.groups_per_step * len(groups.rows) // groups.groups_kept // world)
+    rows_per_step = (cfg.groups_per_step * len(groups.rows) // groups.groups_kept if groups.groups_kept else 0)
+    micro = max(1, (rows_per_step + (cfg.sft_per_step if sft_rows else 0)) // world)
     trainable = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(
         model=model, config=deepspeed_config(cfg, micro, world, on_gpu),
@@ -70,12 +74,14 @@ def run(job_dir: Path) -> None:
     old_logp = score_rows(engine.module, groups.rows, cfg, pad_id, engine.device)
     ref_logp = score_reference(job, groups.rows, pad_id, engine.device)
     start = resume(engine, job, job_dir, rank)
-    steps = cfg.steps_for(groups.groups_kept)
+    steps = cfg.steps_for(groups.groups_kept, len(sft_rows))
     for step in range(start, steps):
-        sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
+        sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id,
+                              sft_rows)
         sums = reduce_sums(sums, engine.device)
         if rank == 0:
-            append_metrics(metrics_path(job_dir), step_metrics(step, sums, groups, cfg, seconds))
+            append_metrics(metrics_path(job_dir), step_metrics(step, sums, groups, cfg, seconds,
+                                                               kl_reference=ref_logp is not None))
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == steps:
             engine.save_checkpoint(str(checkpoint_dir(job_dir)), tag=f"step_{step + 1}",
                                    client_state={"step": step + 1})

@@ -23,6 +23,7 @@ import torch
 
 from trainer.loss import LossAgg, policy_loss
 from trainer.rollout_data import Groups, pad_batch, step_group_order
+from trainer.sft import sft_loss
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class GRPOConfig:
     lora_rank: int = 0
     lora_alpha: float | None = None  # None: 2 x lora_rank
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    # The supervised part (trainer/sft.py): reference completions of tasks no sample
+    # solved, sft_per_step of them per step, their mean token NLL weighted by sft_coef.
+    sft_coef: float = 0.1
+    sft_per_step: int = 8
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.groups_per_step < 1:
@@ -88,6 +93,8 @@ class GRPOConfig:
             raise ValueError("GRPOConfig.checkpoint_every must be >= 1")
         if self.micro_tokens < 1:
             raise ValueError("GRPOConfig.micro_tokens must be >= 1")
+        if self.sft_coef < 0 or self.sft_per_step < 1:
+            raise ValueError("GRPOConfig.sft_coef must be >= 0 and sft_per_step >= 1")
         if self.max_epochs <= 0:
             raise ValueError("GRPOConfig.max_epochs must be > 0 (passes over the kept groups)")
         object.__setattr__(self, "lora_targets", tuple(self.lora_targets))  # a JSON job gives a list
@@ -97,9 +104,11 @@ class GRPOConfig:
             raise ValueError("GRPOConfig.lora_rank needs zero_stage <= 2: the LoRA export merges the "
                              "adapters into the full weights each rank holds, which ZeRO-3 partitions")
 
-    def steps_for(self, groups_kept: int) -> int:
-        """Optimiser steps a job with `groups_kept` groups runs: `steps`, capped by max_epochs."""
-        return max(1, min(self.steps, math.ceil(self.max_epochs * groups_kept / self.groups_per_step)))
+    def steps_for(self, groups_kept: int, sft_rows: int = 0) -> int:
+        """Optimiser steps a job with `groups_kept` groups and `sft_rows` SFT rows runs:
+        `steps`, capped by max_epochs over whichever of the two needs more steps."""
+        passes = max(groups_kept / self.groups_per_step, sft_rows / self.sft_per_step)
+        return max(1, min(self.steps, math.ceil(self.max_epochs * passes)))
 
 
 def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu: bool) -> dict:
@@ -155,13 +164,33 @@ def rank_rows(groups: Groups, step: int, cfg: GRPOConfig, rank: int, world: int)
 
 
 def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
-               step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> dict[str, float]:
+               step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int,
+               sft_rows: list[dict] = ()) -> dict[str, float]:
     """One optimiser step; returns this rank's sums, reduced across ranks by the caller.
 
     The rank's rows are cut into length-sorted pieces (`length_pieces`); each piece's
     loss is weighted to its share of the rank's loss, and one backward over their sum
-    gives the gradient a single padded batch would.
+    gives the gradient a single padded batch would. The step's SFT rows (trainer/sft.py)
+    add their loss to the same backward.
     """
+    sums = dict.fromkeys(("kl", "clip_frac", "entropy", "tokens", "all_tokens"), 0.0)
+    loss = None
+    if groups.groups_kept:
+        loss, sums = grpo_loss(engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
+    supervised, sft_sums = sft_loss(engine, list(sft_rows), step, cfg, rank, world, pad_id, engine.device) \
+        if sft_rows else (None, {"sft_nll": 0.0, "sft_tokens": 0.0})
+    if supervised is not None:
+        loss = supervised if loss is None else loss + supervised
+    if loss is None:  # this rank drew no row this step; it still takes part in the all-reduce
+        loss = sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * 0.0
+    engine.backward(loss)
+    engine.step()
+    return {"loss": float(loss.detach()) / world, **sums, **sft_sums}
+
+
+def grpo_loss(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
+              step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> tuple[torch.Tensor, dict]:
+    """This rank's GRPO loss for the step's groups, and its sums."""
     idx, n_total = rank_rows(groups, step, cfg, rank, world)
     all_idx, _ = rank_rows(groups, step, cfg, 0, 1)
     total_tokens = float(sum(len(groups.rows[i]["token_ids"]) for i in all_idx if groups.valid[i]))
@@ -177,9 +206,7 @@ def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: li
     if cfg.loss_agg != "dapo":
         # DeepSpeed averages gradients over ranks: weight each rank's mean by its share.
         loss = loss * len(idx) * world / n_total
-    engine.backward(loss)
-    engine.step()
-    return {"loss": float(loss.detach()) / world, **sums}
+    return loss, sums
 
 
 def length_pieces(rows: list[dict], max_tokens: int) -> list[list[int]]:
@@ -224,9 +251,10 @@ def spread(mask: torch.Tensor, values: list[list[float]]) -> torch.Tensor:
     return out
 
 
-def step_metrics(step: int, sums: dict[str, float], groups: Groups, cfg: GRPOConfig, seconds: float) -> dict:
+def step_metrics(step: int, sums: dict[str, float], groups: Groups, cfg: GRPOConfig, seconds: float,
+                 kl_reference: bool = False) -> dict:
     """One `train_steps` row (less policy_version/cycle_id, which the caller adds)."""
-    idx, _ = rank_rows(groups, step, cfg, 0, 1)
+    idx, _ = rank_rows(groups, step, cfg, 0, 1) if groups.groups_kept else ([], 0)
     rewards = torch.tensor([float(groups.rows[i]["reward"]) for i in idx if groups.valid[i]])
     tok = max(sums["tokens"], 1.0)
     return {
@@ -236,7 +264,10 @@ def step_metrics(step: int, sums: dict[str, float], groups: Groups, cfg: GRPOCon
         "kl": sums["kl"] / tok, "entropy": sums["entropy"] / tok, "clip_frac": sums["clip_frac"] / tok,
         "resp_len_mean": sum(len(groups.rows[i]["token_ids"]) for i in idx) / max(len(idx), 1),
         "groups_kept": groups.groups_kept, "groups_dropped": groups.groups_dropped,
-        "tokens_per_s": sums["all_tokens"] / max(seconds, 1e-9), "step_s": seconds,
+        "tokens_per_s": (sums["all_tokens"] + sums.get("sft_tokens", 0.0)) / max(seconds, 1e-9), "step_s": seconds,
+        "kl_reference": kl_reference,
+        "sft_loss": sums["sft_nll"] / sums["sft_tokens"] if sums.get("sft_tokens") else None,
+        "sft_tokens": int(sums.get("sft_tokens", 0)),
     }
 
 

@@ -2,6 +2,7 @@
 
 ```
 JOB_DIR/job.json      base model, rollouts file, GRPOConfig, optional reference model
+                      and SFT file
 JOB_DIR/checkpoints/  DeepSpeed checkpoints, tag step_<k>, `latest` names the newest
 JOB_DIR/metrics.jsonl one row per optimiser step (train_steps columns less ids)
 JOB_DIR/model/        the trained policy as a Hugging Face folder, written last
@@ -32,6 +33,7 @@ class TrainJob:
     rollouts: str
     config: GRPOConfig = field(default_factory=GRPOConfig)
     ref_model: str | None = None      # frozen reference for the KL term (kl_coef > 0)
+    sft_rows: str | None = None       # reference completions of unsolved tasks (trainer/sft.py)
     # auto: continue from the newest checkpoint if any; must: fail without one; never: start over
     resume: Literal["auto", "must", "never"] = "auto"
 

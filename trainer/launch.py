@@ -20,6 +20,7 @@ from pathlib import Path
 
 from trainer.job import checkpoint_dir, latest_tag, model_dir, read_job
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
+from trainer.sft import read_sft_rows
 
 
 def free_port() -> int:
@@ -31,9 +32,11 @@ def free_port() -> int:
 def check_job(job_dir: Path) -> None:
     job = read_job(job_dir)
     groups = group_rollouts(read_rollouts(job.rollouts), job.config.scale_by_std)
-    if groups.groups_kept == 0:
+    sft_rows = read_sft_rows(job.sft_rows)
+    if groups.groups_kept == 0 and not sft_rows:
         raise RolloutDataError(f"{job.rollouts}: all {groups.groups_dropped} groups have zero reward "
-                               "variance; nothing to learn from (sample more or pick harder tasks)")
+                               "variance and the job has no SFT rows; nothing to learn from "
+                               "(sample more, pick harder tasks, or give unsolved tasks references)")
     if job.resume == "must":
         latest_tag(checkpoint_dir(job_dir), required=True)
     elif job.resume == "auto":

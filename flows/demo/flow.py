@@ -7,7 +7,8 @@
    (with the repeats, leaks and broken lines real logs carry) land as a JSONL file,
    and `flywheel_cycle` turns them into a candidate that the gate may promote;
 4. serve one last stream and print, per cycle, the production failure rate with its
-   interval, tasks kept, groups trained, the gate's decision and seconds per stage.
+   interval, overall and per domain, tasks kept, groups trained, the gate's decision and
+   seconds per stage.
 """
 from __future__ import annotations
 
@@ -32,18 +33,37 @@ from flows.demo.sft import SFTConfig, run_sft
 from tasks.cycle.config import cycle_config
 
 
+# Completion budgets beyond the sums' (12 when serving, 32 when sampling rollouts), in
+# characters (one token each, flows/demo/tokenizer.py): a demo function's reference solution
+# in its fence is ~105 characters at the median and under 160 for ~80% of tasks; a JSON
+# object's is under 112 for ~98%. With the 512-character context (flows/demo/tiny_model.py)
+# ~90% of code prompts leave room for 160.
+BUDGETS = {"code": 160, "json": 112}
+_BUDGETS_TOML = "{ " + ", ".join(f"{domain} = {tokens}" for domain, tokens in BUDGETS.items()) + " }"
+
 # The demo's cycle settings, written to flywheel.toml in the demo's home (FLYWHEEL_CONFIG
 # points there while `flywheel demo` runs): an operator tunes a cycle the same way.
-DEMO_TOML = """\
+DEMO_TOML = f"""\
 [cycle.rollout]
-# The ~1M-parameter policy learns arithmetic, not code or JSON: rounds spent on those
-# domains would only produce all-fail groups that GRPO drops.
-domains = ["math"]
+# The ~1M-parameter policy learns arithmetic; code rides along so that its failures go
+# through the loop: sandboxed verification on Dask, and routing by difficulty (an unsolved
+# task with a reference solution is supervised data: tasks/round/routing.py). JSON stays
+# out: a round spent on it would only produce all-fail groups.
+domains = ["math", "code"]
+
+[cycle.rollout.engine]
+max_tokens_by_domain = {_BUDGETS_TOML}
+
+[cycle.train]
+# The tiny model answers a sum with the bare number: an unsolved task's reference is
+# taught in that format (code keeps its verifier's gold completion, a fenced function).
+sft_formats = {{ math = "{{answer}}" }}
 
 [cycle.evaluate.engine]
 # Score models as production samples them (TrafficConfig.temperature): the gate then
 # compares what users would see, and paired outcomes at a low temperature vary less.
 temperature = 0.3
+max_tokens_by_domain = {_BUDGETS_TOML}
 """
 
 
@@ -54,7 +74,8 @@ class DemoConfig:
     cycles: int = 3
     # 2,000 requests: the failure rate's 95% interval is about +/-2 points, and the ~1,000
     # failures they log give a round ~350 groups with reward variance to train on.
-    traffic: TrafficConfig = field(default_factory=lambda: TrafficConfig(requests=2000))
+    traffic: TrafficConfig = field(default_factory=lambda: TrafficConfig(requests=2000,
+                                                                         max_tokens_by_domain=dict(BUDGETS)))
     eval_items_per_set: int | None = None  # None: every item of each evaluation set
     # Two rounds, each rolling out every candidate task (word problems the policy cannot
     # solve yet give all-fail groups, which are dropped) and taking up to 40 steps of 32
@@ -154,7 +175,8 @@ def demo_flow(cfg: DemoConfig = DemoConfig()) -> list[dict]:
     for c in range(1, cfg.cycles + 2):
         version, traffic = serve(cfg, seed=c, eval_items=eval_items)
         row = {"cycle": c, "production": version[:12], "requests": traffic.requests,
-               "failure_rate": traffic.failure_rate, "interval": traffic.interval()}
+               "failure_rate": traffic.failure_rate, "interval": traffic.interval(),
+               "by_domain": traffic.domain_rates()}
         if c <= cfg.cycles:
             write_landing(traffic.lines, home / "landing", f"traffic-{c}")
             started = time.perf_counter()

@@ -18,11 +18,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Literal
 
-from flows.demo.data.domains import sample_task
+from flows.demo.data.domains import DOMAINS, sample_task
 from flows.demo.data.planting import MALFORMED_KINDS, REFORMAT_KINDS, malformed_line, near_duplicate, reformat
-from tasks.round.scoring import verify_rows
+from tasks.round.scoring import score_rows
 from trainer.engine import EngineConfig, generate, prompt_fits
 from verifiers.registry import VerifierConfig
+from verifiers.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class TrafficConfig:
     backend: Literal["vllm", "transformers"] = "vllm"
     temperature: float = 0.3
     max_tokens: int = 12
-    # A real instruct model answers in sentences and writes functions: budgets per domain.
+    # A function or a JSON object needs more room than a sum: budgets per domain.
     max_tokens_by_domain: dict[str, int] = field(default_factory=dict)
     repeat_share: float = 0.05
     near_duplicate_share: float = 0.05
@@ -59,6 +60,8 @@ class TrafficResult:
     logs: list[dict]
     lines: list[str]
     """Landing-file lines: failure logs plus the planted repeats, leaks and broken lines."""
+    by_domain: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """domain -> (requests, failures): the model may fail each domain at its own rate."""
 
     @property
     def failure_rate(self) -> float:
@@ -66,11 +69,22 @@ class TrafficResult:
 
     def interval(self, z: float = 1.96) -> tuple[float, float]:
         """Wilson 95% interval of the failure rate."""
-        n, p = self.requests, self.failure_rate
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        # At p = 0 or 1 the bound is exactly 0 or 1; rounding would leave p outside it.
-        return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
+        return wilson_interval(self.failures, self.requests, z)
+
+    def domain_rates(self) -> dict[str, dict]:
+        """Per domain: requests, failures and the failure rate's Wilson 95% interval."""
+        return {domain: {"requests": n, "failures": failed, "interval": wilson_interval(failed, n)}
+                for domain, (n, failed) in self.by_domain.items() if n}
+
+
+def wilson_interval(failures: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson interval of a rate `failures / n` (n > 0): honest at small n and near 0 or 1,
+    where a domain's few requests put it."""
+    p = failures / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # At p = 0 or 1 the bound is exactly 0 or 1; rounding would leave p outside it.
+    return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
 
 
 def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed: int,
@@ -89,11 +103,15 @@ def serve_traffic(model_dir: Path, policy_version: str, cfg: TrafficConfig, seed
     samples = generate(model_dir, prompts, engine, [t["domain"] for t in tasks])
     rows = [{"verifier": verifiers.verifier_for(t["domain"]), "spec": t["reference"], "prompt": t["prompt"],
              "completion": s.text} for t, s in zip(tasks, samples, strict=True)]
-    verdicts = verify_rows(rows, verifiers)
+    # Scored as the pipeline scores: code in the sandbox on the warm Dask workers.
+    verdicts = [Verdict.from_dict(row) for row in score_rows(rows, verifiers)]
     started = datetime(2026, 12, 1, tzinfo=timezone.utc) + timedelta(days=seed)
     logs = [_failure_log(t, s.text, v, policy_version, started + timedelta(seconds=i), rng)
             for i, (t, s, v) in enumerate(zip(tasks, samples, verdicts, strict=True)) if not v.passed]
-    return TrafficResult(cfg.requests, len(logs), logs, _landing_lines(logs, cfg, rng, eval_items, started))
+    by_domain = {domain: (sum(t["domain"] == domain for t in tasks), sum(log["domain"] == domain for log in logs))
+                 for domain in DOMAINS}
+    return TrafficResult(cfg.requests, len(logs), logs, _landing_lines(logs, cfg, rng, eval_items, started),
+                         by_domain)
 
 
 def draw_request(cfg: TrafficConfig, rng: random.Random) -> dict:

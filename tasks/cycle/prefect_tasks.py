@@ -1,11 +1,11 @@
 """The Prefect layer: one generic task runs any stage of `tasks.stages.STAGES`; a few
 small tasks open and close a cycle, pick the models an on-demand evaluation compares,
-and publish reports. None holds SQL or writes the lake itself: each calls one plain
-function, and passes and returns small values (ids, counts), never tables.
+publish reports and track runs in MLflow. None holds SQL or writes the lake itself: each
+calls one plain function, and passes and returns small values (ids, counts), never tables.
 """
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from storage.config_file import lake_settings
 from storage.lake import open_lake
@@ -13,6 +13,7 @@ from tasks.cycle.config import cycle_config
 from tasks.cycle.state import begin_cycle, finish_cycle, run_stage
 from tasks.release.models import pick_models
 from tasks.reports.cycle_report import publish_evaluation, report_cycle
+from tasks.reports.tracking import track_cycle, track_evaluation
 from tasks.stages import STAGES, StageKey
 
 _ROUND_STAGES = ("rollout", "verify", "train")
@@ -22,8 +23,15 @@ _ROUND_STAGES = ("rollout", "verify", "train")
 def _stage(name: str, key: StageKey, overrides: dict) -> dict:
     stage = STAGES[name]
     config = cycle_config(overrides)
-    cfg = getattr(config, stage.config) if stage.config else None
+    cfg = stage_config(config, stage.config)
     return run_stage(key.cycle_id, name, lambda con: stage.run(con, cfg, key), key.round)
+
+
+def stage_config(config, names: str | tuple[str, ...] | None):
+    """The section(s) of the cycle's config a stage takes (`Stage.config`)."""
+    if names is None:
+        return None
+    return getattr(config, names) if isinstance(names, str) else tuple(getattr(config, n) for n in names)
 
 
 def stage_task(name: str, key: StageKey, overrides: dict | None = None) -> dict:
@@ -49,8 +57,11 @@ def finish_task(cycle_id: str) -> dict:
 
 
 @task(name="report")
-def report_task(cycle_id: str) -> str:
-    return str(report_cycle(cycle_id))
+def report_task(cycle_id: str, overrides: dict | None = None) -> dict:
+    """The cycle's report (files, Prefect artifacts), then its MLflow runs; `overrides`
+    are the run's settings, so the tracked params are the ones the cycle ran with."""
+    folder = report_cycle(cycle_id)
+    return {"folder": str(folder), "tracking": _warn_untracked(track_cycle(cycle_id, overrides, folder))}
 
 
 # No retries: a model that is not in the lake will not appear on a second try.
@@ -65,8 +76,16 @@ def pick_models_task(policy_version: str | None) -> dict:
 
 
 @task(name="publish-evaluation")
-def publish_task(evaluation_id: str, models: dict, applied: dict | None) -> None:
+def publish_task(evaluation_id: str, models: dict, applied: dict | None, overrides: dict | None = None) -> dict:
     publish_evaluation(evaluation_id, models, applied)
+    return _warn_untracked(track_evaluation(evaluation_id, models, applied, overrides))
+
+
+def _warn_untracked(outcome: dict) -> dict:
+    """Tracking never fails a run (tasks.reports.tracking); say so in the run's own log."""
+    if not outcome["tracked"]:
+        get_run_logger().warning("not tracked in MLflow (%s): %s", outcome["uri"], outcome["error"])
+    return outcome
 
 
 def mark_failed(flow, flow_run, state) -> None:

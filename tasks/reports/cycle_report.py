@@ -20,6 +20,7 @@ import base64
 import csv
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,18 +110,18 @@ def model_decisions(con: duckdb.DuckDBPyConnection, cycle_id: str) -> list[dict]
 def training_chart(con: duckdb.DuckDBPyConnection, cycle_id: str, path: Path) -> Path:
     """Reward mean +- std, KL, entropy and response length over this cycle's training steps."""
     rows = con.execute("""
-        SELECT s.reward_mean, s.reward_std, s.kl, s.entropy, s.resp_len_mean
+        SELECT s.reward_mean, s.reward_std, s.kl, s.entropy, s.resp_len_mean, s.kl_reference
         FROM lake.train_steps s LEFT JOIN lake.models m USING (policy_version)
         WHERE s.cycle_id = ? ORDER BY m.created_at NULLS LAST, s.policy_version, s.step""", [cycle_id]).fetchall()
     x = list(range(1, len(rows) + 1))  # rounds follow each other: one running step count
     mean, std, kl, entropy, length = ([float("nan") if v is None else v for v in column]
-                                      for column in (zip(*rows) if rows else [()] * 5))
+                                      for column in (list(zip(*rows))[:5] if rows else [()] * 5))
     fig, axes = plt.subplots(2, 2, figsize=(10, 6), sharex=True)
     axes[0, 0].plot(x, mean, label="reward mean")
     axes[0, 0].fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                             alpha=0.25, label="± std")
     axes[0, 0].legend(loc="best")
-    for ax, values, title in ((axes[0, 1], kl, "KL to reference"), (axes[1, 0], entropy, "entropy"),
+    for ax, values, title in ((axes[0, 1], kl, kl_title(r[5] for r in rows)), (axes[1, 0], entropy, "entropy"),
                               (axes[1, 1], length, "response length (tokens)")):
         ax.plot(x, values)
         ax.set_title(title)
@@ -133,6 +134,13 @@ def training_chart(con: duckdb.DuckDBPyConnection, cycle_id: str, path: Path) ->
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def kl_title(kl_reference: Iterable[bool | None]) -> str:
+    """What the steps' `kl` is: the k3 estimate to a frozen reference model only where a step
+    says so (`kl_reference`: kl_coef > 0); otherwise to the policy that sampled the rollouts,
+    i.e. how far the job moved (trainer/loss.py)."""
+    return "KL to reference (k3)" if any(kl_reference) else "KL to rollout policy (k3)"
 
 
 def pass_at_1_by_cycle(con: duckdb.DuckDBPyConnection) -> list[dict]:

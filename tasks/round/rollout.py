@@ -1,11 +1,13 @@
 """Rollout stage: pick tasks, sample G completions each with the policy, write `rollouts`.
 
-Selection balances domains (round-robin over domains) and follows a curriculum: a task
+Selection leaves out retired tasks (solved reliably, `routes`), balances domains (round-robin over domains) and follows a curriculum: a task
 whose recent pass rate is strictly between 0 and 1 teaches the most (its group will
 have reward variance), an unseen task comes next, a task always passed or always
 failed last. The policy samples through trainer.engine (vLLM everywhere; the
 transformers engine as the reference). Rows are ids by content: rollout_id = sha256 of
 (policy_version, round, task_id, sample_idx), so rerunning a round writes nothing new.
+The stage samples adaptively and routes each task by difficulty (tasks/round/adaptive.py,
+routing.py), writing `rollouts`, `verdicts` and `routes` in one commit.
 Not here: scoring (tasks/round/scoring.py), training (tasks/round/train.py).
 """
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,10 +25,13 @@ import pyarrow as pa
 
 from storage.config_file import lake_settings
 from storage.lake import append_rows, transaction
-from storage.schemas import SCHEMAS
+from storage.schemas import ROUTES, SCHEMAS
 from tasks.curate.holdout import is_heldout
 from tasks.release.models import local_model_dir
-from trainer.engine import EngineConfig, Sample, generate, prompt_fits
+from tasks.round.adaptive import routes_table, sample_and_route, sample_wave
+from tasks.round.routing import RoutingConfig
+from tasks.round.verify import VerifyStageConfig, verdict_counts
+from trainer.engine import EngineConfig, Sample, prompt_fits
 from verifiers.verdict import INFRA_STATUSES_SQL
 
 if TYPE_CHECKING:
@@ -44,6 +50,8 @@ class RolloutConfig:
     recent_rounds: int = 3  # pass rates look at this many most recent rounds per task
     heldout_fraction: float = 0.1  # must equal EvalConfig.heldout_fraction
     seed: int = 0
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """Adaptive sampling and routing by difficulty (tasks/round/routing.py)."""
 
     def __post_init__(self) -> None:
         if self.tasks_per_round < 1:
@@ -61,10 +69,12 @@ WITH scored AS (
     FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id)
     WHERE v.status NOT IN {INFRA_STATUSES_SQL}
 )
-SELECT t.task_id, t.domain, t.messages,
-       avg(CASE WHEN s.passed THEN 1.0 ELSE 0.0 END) AS pass_rate
+SELECT t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt,
+       avg(CASE WHEN s.passed THEN 1.0 ELSE 0.0 END) AS pass_rate,
+       count(s.passed) AS recent_samples, count(s.passed) FILTER (WHERE s.passed) AS recent_passes
 FROM lake.tasks t LEFT JOIN scored s ON s.task_id = t.task_id AND s.recency <= ?
-GROUP BY t.task_id, t.domain, t.messages
+WHERE t.task_id NOT IN (SELECT task_id FROM lake.routes WHERE route = 'retire')
+GROUP BY t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt
 ORDER BY t.task_id
 """
 
@@ -101,51 +111,76 @@ def rollout_id(cycle_id: str, policy_version: str, round_idx: int, task_id: str,
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def rollout_table(tasks: list[dict], samples: list[Sample], policy_version: str, round_idx: int,
+def rollout_table(pairs: list[tuple[dict, Sample]], policy_version: str, round_idx: int,
                   cycle_id: str) -> pa.Table:
+    """`rollouts` rows for (task, sample) pairs."""
     rows = [{
-        "rollout_id": rollout_id(cycle_id, policy_version, round_idx, tasks[s.prompt_idx]["task_id"], s.sample_idx),
-        "task_id": tasks[s.prompt_idx]["task_id"], "policy_version": policy_version, "round": round_idx,
+        "rollout_id": rollout_id(cycle_id, policy_version, round_idx, task["task_id"], s.sample_idx),
+        "task_id": task["task_id"], "policy_version": policy_version, "round": round_idx,
         "sample_idx": s.sample_idx, "completion": s.text, "prompt_token_ids": s.prompt_token_ids,
         "token_ids": s.token_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason,
-        "cycle_id": cycle_id} for s in samples]
+        "cycle_id": cycle_id} for task, s in pairs]
     return pa.Table.from_pylist(rows, schema=SCHEMAS["rollouts"])
 
 
 def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
                  cycle_id: str, cfg: RolloutConfig = RolloutConfig(), round_idx: int = 0) -> int:
-    """Sample this round's tasks and append the rollouts; returns rows written (0 on rerun)."""
+    """Sample this round's tasks (engine.n each, unscored) and append the rollouts;
+    returns rows written (0 on rerun)."""
     return sample_round(con, model_dir, policy_version, cycle_id, cfg, round_idx)["rollouts"]
 
 
-def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
-                 cycle_id: str, cfg: RolloutConfig, round_idx: int) -> dict:
-    """`run_rollouts` with its counts: rollouts written and prompts left out as too long."""
-    done = con.execute("SELECT count(*) FROM lake.rollouts WHERE cycle_id = ? AND round = ?",
-                       [cycle_id, round_idx]).fetchone()[0]
-    if done:
-        return {"rollouts": 0, "prompts_too_long": 0}
-    cols = ["task_id", "domain", "messages", "pass_rate"]
+def pick_round_tasks(con: duckdb.DuckDBPyConnection, model_dir: str | Path, cfg: RolloutConfig) -> tuple[list, int]:
+    """This round's tasks, and how many candidates were left out because their prompt
+    would not fit the context (vLLM refuses a whole batch for one such prompt)."""
+    cols = ["task_id", "domain", "messages", "verifier", "spec", "prompt", "pass_rate",
+            "recent_samples", "recent_passes"]
     candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [cfg.recent_rounds]).fetchall()]
     # held-out tasks are the fresh-failures evaluation set: never trained on
     candidates = [c for c in candidates if not is_heldout(c["task_id"], cfg.heldout_fraction)]
     if cfg.domains:
         candidates = [c for c in candidates if c["domain"] in cfg.domains]
-    # a prompt longer than the model's context would fail vLLM's whole batch: left out, counted
     fits = prompt_fits(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine,
                        [c["domain"] for c in candidates])
-    tasks = select_tasks([c for c, ok in zip(candidates, fits, strict=True) if ok], cfg)
-    too_long = fits.count(False)
+    return select_tasks([c for c, ok in zip(candidates, fits, strict=True) if ok], cfg), fits.count(False)
+
+
+def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
+                 cycle_id: str, cfg: RolloutConfig, round_idx: int, verify: VerifyStageConfig | None = None) -> dict:
+    """Sample the round's tasks and commit what came of it, with counts. With `verify`
+    (the stage): sampled in waves, scored and routed (tasks/round/adaptive.py), and the
+    round's rollouts, verdicts and routes land in one commit. Without: engine.n samples
+    per task, unscored."""
+    done = con.execute("SELECT count(*) FROM lake.rollouts WHERE cycle_id = ? AND round = ?",
+                       [cycle_id, round_idx]).fetchone()[0]
+    if done:
+        return {"rollouts": 0, "prompts_too_long": 0}
+    tasks, too_long = pick_round_tasks(con, model_dir, cfg)
     if not tasks:
         return {"rollouts": 0, "prompts_too_long": too_long}
-    samples = generate(model_dir, [json.loads(t["messages"]) for t in tasks], cfg.engine,
-                       [t["domain"] for t in tasks])
-    table = rollout_table(tasks, samples, policy_version, round_idx, cycle_id)
-    with transaction(con, f"rollouts {policy_version} round {round_idx}"):
-        return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
+
+    def make_rollouts(pairs):
+        return rollout_table(pairs, policy_version, round_idx, cycle_id)
+
+    if verify is None:
+        table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, cfg.engine.n, 0, wave=0))
+        with transaction(con, f"rollouts {policy_version} round {round_idx}"):
+            return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
+    out = sample_and_route(model_dir, tasks, cfg.engine, cfg.routing, verify, make_rollouts, cycle_id)
+    routes = routes_table(out["routes"], policy_version, round_idx, cycle_id)
+    with transaction(con, f"rollouts, verdicts and routes {policy_version} round {round_idx}"):
+        written = append_rows(con, "rollouts", out["rollouts"])
+        append_rows(con, "verdicts", out["verdicts"])
+        append_rows(con, "routes", routes)
+    route_counts = Counter(routes["route"].to_pylist())
+    return {"rollouts": written, "prompts_too_long": too_long, "tasks": len(tasks),
+            "topped_up": out["topped_up"], "samples_saved": out["samples_saved"],
+            **{f"route_{r}": route_counts.get(r, 0) for r in ROUTES}, **verdict_counts(out["verdicts"])}
 
 
-def run(con: duckdb.DuckDBPyConnection, cfg: RolloutConfig, key: StageKey) -> dict:
-    """The rollout stage: the key's policy samples this round's tasks."""
+def run(con: duckdb.DuckDBPyConnection, cfg: tuple[RolloutConfig, VerifyStageConfig], key: StageKey) -> dict:
+    """The rollout stage: the key's policy samples this round's tasks in waves, scored
+    with the verify section's verifiers, and routes each task."""
+    rollout_cfg, verify_cfg = cfg
     model_dir = local_model_dir(lake_settings(), con, key.policy)
-    return sample_round(con, model_dir, key.policy, key.cycle_id, cfg, key.round)
+    return sample_round(con, model_dir, key.policy, key.cycle_id, rollout_cfg, key.round, verify_cfg)

@@ -1,5 +1,8 @@
 """Train stage: scored rollouts of one round -> DeepSpeed GRPO job -> candidate model.
 
+The same job learns the round's `sft` tasks (no sample solved them) from their
+reference solutions (trainer/sft.py), written in the domain's answer format.
+
 Exports the round's rollouts joined with their verdicts to a Parquet snapshot (the
 trainer never reads the lake), runs the job (trainer.launch: one DeepSpeed process
 per device, through the `deepspeed` launcher when there are several), then writes
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,18 +34,23 @@ from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
 from tasks.release.models import local_model_dir, publish_model
 from trainer.launch import run_training
+from trainer.model_facts import read_facts
 from trainer.rollout_data import group_rollouts, read_rollouts
+from trainer.sft import encode_sft
+from verifiers.registry import VERIFIERS
 
 if TYPE_CHECKING:
     from tasks.stages import StageKey
 
 
 class NothingToLearn(Exception):
-    """Every group of the round has one reward for all its samples (all pass or all fail):
-    GRPO's advantages are all zero. With a real model that is common, not an error."""
+    """Every group of the round has one reward for all its samples (all pass or all fail),
+    so GRPO's advantages are all zero, and no unsolved task has a usable reference for
+    the supervised part. With a real model that is common, not an error."""
 
     def __init__(self, groups_dropped: int) -> None:
-        super().__init__(f"all {groups_dropped} groups have zero reward variance: nothing to learn from")
+        super().__init__(f"all {groups_dropped} groups have zero reward variance and no task is routed to "
+                         "SFT with a usable reference: nothing to learn from")
         self.groups_dropped = groups_dropped
 
 
@@ -51,8 +60,14 @@ class TrainStageConfig:
     n_procs: int = 1             # DeepSpeed processes (1-2 on CPU, one per GPU on a GPU worker)
     device: str = "auto"         # auto | cpu
     timeout_s: float = 3600.0
+    sft_formats: Mapping[str, str] = field(default_factory=dict)
+    """domain -> the answer format an SFT completion is written in, filled from the
+    task's reference (`"{answer}"`: a bare number, the way the tiny demo model answers);
+    a domain not named here uses its verifier's gold completion (math: a sentence ending
+    in \\boxed{answer}; code: a fenced program; json: the object)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "sft_formats", dict(self.sft_formats))
         if self.n_procs < 1:
             raise ValueError("TrainStageConfig.n_procs must be >= 1")
         if self.device not in ("auto", "cpu"):
@@ -78,8 +93,50 @@ def export_rollouts(con: duckdb.DuckDBPyConnection, policy_version: str, round_i
     return table
 
 
-def new_policy_version(parent: str, round_idx: int, rollout_ids: list[str], cfg: TrainStageConfig) -> str:
-    key = json.dumps([parent, round_idx, sorted(rollout_ids), asdict(cfg.grpo)], sort_keys=True)
+SFT_SQL = """
+SELECT x.task_id, t.domain, t.messages, t.verifier, t.spec
+FROM lake.routes x JOIN lake.tasks t USING (task_id)
+WHERE x.policy_version = ? AND x.round = ? AND x.cycle_id = ? AND x.route = 'sft'
+ORDER BY x.task_id
+"""
+
+
+def sft_completion(task: dict, cfg: TrainStageConfig) -> str | None:
+    """The reference completion of an `sft` task in its domain's answer format; None when
+    the task's reference does not fill it."""
+    spec = json.loads(task["spec"])
+    fmt = cfg.sft_formats.get(task["domain"])
+    if fmt is None:
+        return VERIFIERS[task["verifier"]].gold_completion(spec)
+    try:
+        return fmt.format(**spec)
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def export_sft(con: duckdb.DuckDBPyConnection, base_model: str | Path, policy_version: str, round_idx: int,
+               path: Path, cycle_id: str, cfg: TrainStageConfig) -> dict:
+    """The round's `sft` tasks as an SFT file (trainer/sft.py) at `path`; counts of rows
+    written and of tasks left out (no usable reference, or too long for the context)."""
+    cols = ["task_id", "domain", "messages", "verifier", "spec"]
+    tasks = [dict(zip(cols, r)) for r in con.execute(SFT_SQL, [policy_version, round_idx, cycle_id]).fetchall()]
+    texts = [sft_completion(t, cfg) for t in tasks]
+    usable = [(t, c) for t, c in zip(tasks, texts, strict=True) if c]
+    rows = encode_sft(base_model, [json.loads(t["messages"]) for t, _ in usable], [c for _, c in usable]) \
+        if usable else []
+    context = read_facts(base_model).context_length
+    kept = [{"task_id": t["task_id"], **r} for (t, _), r in zip(usable, rows, strict=True)
+            if len(r["prompt_token_ids"]) + len(r["token_ids"]) <= context]
+    if kept:
+        pq.write_table(pa.Table.from_pylist(kept), path)
+    return {"sft_rows": len(kept), "sft_no_reference": len(tasks) - len(usable),
+            "sft_too_long": len(usable) - len(kept)}
+
+
+def new_policy_version(parent: str, round_idx: int, rollout_ids: list[str], cfg: TrainStageConfig,
+                       sft_task_ids: list[str] = ()) -> str:
+    key = json.dumps([parent, round_idx, sorted(rollout_ids), asdict(cfg.grpo)]
+                     + ([sorted(sft_task_ids), cfg.sft_formats] if sft_task_ids else []), sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -99,29 +156,44 @@ def model_row(policy_version: str, parent: str, uri: str, cycle_id: str) -> pa.T
 
 def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_version: str, round_idx: int,
                  jobs_root: str | Path, cycle_id: str, cfg: TrainStageConfig = TrainStageConfig()) -> str:
-    """Train on the round's rollouts; returns the new candidate's policy_version. Raises
-    NothingToLearn, before any job starts, when no group has reward variance."""
+    """Train on the round's rollouts (GRPO) and its `sft` tasks' references; returns the
+    new candidate's policy_version. Raises NothingToLearn, before any job starts, when no
+    group has reward variance and no task has a usable reference."""
+    return train_round(con, base_model, parent_version, round_idx, jobs_root, cycle_id, cfg)["policy_version"]
+
+
+def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_version: str, round_idx: int,
+                jobs_root: str | Path, cycle_id: str, cfg: TrainStageConfig) -> dict:
+    """`train_policy` with the SFT counts."""
     staging = Path(jobs_root) / f"export-{parent_version[:16]}-{round_idx}.parquet"
+    staging_sft = staging.with_suffix(".sft.parquet")
     staging.parent.mkdir(parents=True, exist_ok=True)
     exported = export_rollouts(con, parent_version, round_idx, staging, cycle_id)
+    sft = export_sft(con, base_model, parent_version, round_idx, staging_sft, cycle_id, cfg)
     groups = group_rollouts(read_rollouts(staging), cfg.grpo.scale_by_std)
-    if groups.groups_kept == 0:
+    if groups.groups_kept == 0 and not sft["sft_rows"]:
         staging.unlink()
         raise NothingToLearn(groups.groups_dropped)
-    version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg)
+    sft_ids = pq.read_table(staging_sft)["task_id"].to_pylist() if sft["sft_rows"] else []
+    version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg, sft_ids)
     known = con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]
     if known:
-        return version
+        return {"policy_version": version, **sft}
     job_dir = Path(jobs_root) / version
-    rollouts = job_dir / "rollouts.parquet"
+    rollouts, sft_rows = job_dir / "rollouts.parquet", job_dir / "sft.parquet"
     job_dir.mkdir(parents=True, exist_ok=True)
     staging.replace(rollouts)
-    write_job(job_dir, TrainJob(base_model=str(base_model), rollouts=str(rollouts), config=cfg.grpo))
+    if sft["sft_rows"]:
+        staging_sft.replace(sft_rows)
+    # kl_coef > 0: the KL is to the round's starting policy (the candidate's parent), frozen
+    write_job(job_dir, TrainJob(base_model=str(base_model), rollouts=str(rollouts), config=cfg.grpo,
+                                ref_model=str(base_model) if cfg.grpo.kl_coef > 0 else None,
+                                sft_rows=str(sft_rows) if sft["sft_rows"] else None))
     trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s)
     with transaction(con, f"train {version[:12]} from {parent_version[:12]}"):
         append_rows(con, "train_steps", train_step_rows(read_metrics(job_dir), version, cycle_id))
         append_rows(con, "models", model_row(version, parent_version, str(trained), cycle_id))
-    return version
+    return {"policy_version": version, **sft}
 
 
 def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) -> dict:
@@ -135,10 +207,11 @@ def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) ->
     settings = lake_settings()
     base = local_model_dir(settings, con, key.policy)
     try:
-        version = train_policy(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg)
+        trained = train_round(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg)
     except NothingToLearn as nothing:
         return {"policy_version": key.policy, "trained": False, "groups_kept": 0,
                 "groups_dropped": nothing.groups_dropped, "reason": str(nothing)}
+    version = trained.pop("policy_version")
     if settings.uses_s3:
         uri = publish_model(settings, local_model_dir(settings, con, version), version)
         with transaction(con, message=f"model {version[:12]} stored at {uri}"):
@@ -147,4 +220,4 @@ def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) ->
     steps = con.execute("SELECT count(*), max(groups_kept), max(groups_dropped) FROM lake.train_steps "
                         "WHERE policy_version = ?", [version]).fetchone()
     return {"policy_version": version, "trained": True, "steps": steps[0],
-            "groups_kept": int(steps[1] or 0), "groups_dropped": int(steps[2] or 0)}
+            "groups_kept": int(steps[1] or 0), "groups_dropped": int(steps[2] or 0), **trained}

@@ -267,8 +267,8 @@ def run_cycle_through_stack(server: PrefectServer, s3, workdir: Path) -> StackRu
     # (math rows score in-process by default; the stack sends every row to its Dask worker)
     (workdir / "flywheel.toml").write_text(
         f"{SMALL_CONFIG}\n[cycle.gate]\nmin_gain = {STACK_MIN_GAIN}\ndomain_tolerance = 1.0\n"
-        "[cycle.evaluate.fanout]\nin_process = []\nmin_rows = 1\n"
-        "[cycle.verify.fanout]\nin_process = []\nmin_rows = 1\n")
+        "[cycle.evaluate.fanout]\nin_process = []\n"
+        "[cycle.verify.fanout]\nin_process = []\n")
     settings = LakeSettings(home=workdir / "home", s3_endpoint=s3.endpoint, s3_bucket=f"stack-{uuid.uuid4().hex[:8]}",
                             s3_access_key=s3.access_key, s3_secret_key=s3.secret_key)
     scheduler, dash, worker_dash, cpu_health, gpu_health = (services.free_port() for _ in range(5))

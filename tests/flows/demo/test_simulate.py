@@ -5,7 +5,7 @@ import random
 import pytest
 
 from flows.demo.simulate import TrafficConfig, draw_request, serve_traffic, write_landing
-from tasks.round.scoring import verify_rows
+from tasks.round.scoring import local_client, verify_rows
 from flows.demo.tiny_model import init_model
 from verifiers.registry import VerifierConfig
 
@@ -30,11 +30,20 @@ def test_failures_are_what_the_verifier_rejects(tmp_path):
     model = init_model(tmp_path / "untrained")  # answers at random: almost every request fails
     eval_items = [{"domain": "math", "prompt": f"What is {a}+7?", "reference": {"answer": str(a + 7)}}
                   for a in range(10, 30)]
-    cfg = TrafficConfig(requests=60, backend="transformers", malformed_share=0.1, repeat_share=0.1)
+    # a third of the requests code or JSON: the code ones are scored in the sandbox on Dask
+    cfg = TrafficConfig(requests=60, math_share=0.67, backend="transformers", malformed_share=0.1,
+                        repeat_share=0.1)
     traffic = serve_traffic(model, "v0", cfg, seed=3, verifiers=VerifierConfig(), eval_items=eval_items)
     assert traffic.failures == len(traffic.logs) and traffic.failures >= 50
     lo, hi = traffic.interval()
     assert lo <= traffic.failure_rate <= hi
+    rates = traffic.domain_rates()
+    assert sum(r["requests"] for r in rates.values()) == 60
+    assert sum(r["failures"] for r in rates.values()) == traffic.failures
+    assert all(r["interval"][0] <= r["failures"] / r["requests"] <= r["interval"][1] for r in rates.values())
+    assert rates["code"]["requests"] > 0
+    scheduler = local_client().cluster.scheduler  # the warm cluster the code rows went to
+    assert any(str(key).startswith("verify-") for key, *_ in scheduler.transition_log)
     rows = [{"verifier": VerifierConfig().verifier_for(log["domain"]), "spec": log["reference"],
              "completion": log["response"]} for log in traffic.logs]
     assert not any(v.passed for v in verify_rows(rows, VerifierConfig()))

@@ -27,7 +27,7 @@ def test_a_folder_is_stored_and_recorded_with_what_it_is(lake_settings, tiny):
                       "FROM lake.models").fetchall()
     assert new and len(row) == 1
     status, uri, source, sha, parameters, context, template = row[0]
-    assert (status, source, context) == ("imported", str(tiny.resolve()), 256)
+    assert (status, source, context) == ("imported", str(tiny.resolve()), 512)
     assert uri == str(lake_settings.home / "models" / version) and len(sha) == 64
     assert 1_000_000 < parameters < 1_100_000 and "<|im_start|>" in template
     assert import_model(con, lake_settings, str(tiny), "float32") == (version, False)  # same weights: no change

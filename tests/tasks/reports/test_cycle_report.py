@@ -12,7 +12,7 @@ from storage.settings import LakeSettings
 from tasks.release import decisions
 from tasks.release.decisions import item_scores
 from tasks.release.gate import GateConfig, decide
-from tasks.reports.cycle_report import build_report, pass_at_1_by_cycle, publish_report
+from tasks.reports.cycle_report import build_report, kl_title, pass_at_1_by_cycle, publish_report
 from tasks.stages import StageKey
 
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -120,6 +120,12 @@ def test_report_of_a_cycle_without_rows(lake, tmp_path):
     assert all(r["rows"] == 0 for r in report.funnel) and report.evaluation == []
     assert (report.folder / "training.png").read_bytes()[:4] == b"\x89PNG"
     assert "_none_" in report.markdown
+
+
+def test_the_kl_chart_says_what_the_kl_is_to():
+    # kl_coef = 0 (the default) has no reference model: the trainer's KL is to the rollout policy
+    assert kl_title([None, False]) == kl_title([]) == "KL to rollout policy (k3)"
+    assert kl_title([False, True]) == "KL to reference (k3)"
 
 
 def test_pass_at_1_per_cycle_in_start_order(lake):

@@ -4,9 +4,10 @@ import threading
 import time
 
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, get_task_stream
 
-from tasks.round.scoring import FanOut, score_rows, verify_row, verify_rollouts, verify_rows
+from tasks.round.scoring import (FanOut, close_local_cluster, local_client, score_rows, split_batches, verify_row,
+                                 verify_rollouts, verify_rows)
 from verifiers.registry import VerifierConfig
 from verifiers.verdict import Verdict
 
@@ -63,27 +64,34 @@ def test_dask_results_identical_to_serial(cluster):
 def test_score_rows_fans_out_only_sandboxed_rows_and_keeps_input_order(cluster):
     rows = mixed_rows(40) + [{"id": 40, "verifier": "poetry", "spec": {}, "completion": "x"}]
     before = _verify_task_count(cluster)
-    out = score_rows(rows, CONFIG, FanOut(min_rows=5, batch_size=2), scheduler_address=cluster.scheduler_address)
+    out = score_rows(rows, CONFIG, FanOut(batch_size=2), scheduler_address=cluster.scheduler_address)
     assert [Verdict.from_dict(row) for row in out] == verify_rows(rows, CONFIG)
     assert [row["id"] for row in out] == list(range(41))
     # only the 10 code rows travel, two a batch: math, json, exact and the unknown verifier stay here
     assert _verify_task_count(cluster) == before + 5
 
 
-def test_score_rows_below_min_rows_or_all_in_process_never_touches_dask(cluster):
+def test_rows_without_sandboxed_verifiers_never_touch_dask_unless_told(cluster):
     before = _verify_task_count(cluster)
-    rows = mixed_rows(40)
-    in_process = strip_latency(score_rows(rows, CONFIG, FanOut(min_rows=11), scheduler_address=cluster.scheduler_address))
+    rows = [row for row in mixed_rows(40) if row.get("verifier") != "code"]
+    in_process = strip_latency(score_rows(rows, CONFIG, scheduler_address=cluster.scheduler_address))
     assert in_process == strip_latency([verify_row(row, CONFIG) for row in rows])
-    everything = FanOut(in_process=(), min_rows=1, batch_size=8)
-    assert len(score_rows(rows, CONFIG, everything, scheduler_address=cluster.scheduler_address)) == 40
-    assert _verify_task_count(cluster) == before + 5  # the second call sent all 40 rows
+    assert _verify_task_count(cluster) == before
+    everything = FanOut(in_process=(), batch_size=8)
+    assert len(score_rows(rows, CONFIG, everything, scheduler_address=cluster.scheduler_address)) == 30
+    assert _verify_task_count(cluster) == before + 4  # 30 rows, 8 a batch
+
+
+def test_a_few_rows_still_spread_over_every_worker_thread():
+    assert [len(b) for b in split_batches(list(range(3)), 64, 4)] == [1, 1, 1]
+    assert [len(b) for b in split_batches(list(range(10)), 64, 4)] == [3, 3, 3, 1]
+    assert [len(b) for b in split_batches(list(range(300)), 64, 4)] == [64, 64, 64, 64, 44]
 
 
 def test_fanout_rejects_unknown_verifiers_and_bad_sizes():
     with pytest.raises(ValueError, match="poetry"):
         FanOut(in_process=("math", "poetry"))
-    with pytest.raises(ValueError, match="min_rows"):
+    with pytest.raises(ValueError, match="workers"):
         FanOut(workers=0)
 
 
@@ -128,20 +136,109 @@ def _kill_a_busy_worker(address: str, killed: list[int]) -> None:
             time.sleep(0.02)
 
 
-def test_default_local_cluster_and_empty_input(monkeypatch):
+# The warm local cluster: what a cycle's stages share when no scheduler is named.
+
+@pytest.fixture
+def no_scheduler(monkeypatch):
+    """No DASK_SCHEDULER_ADDRESS, and no warm cluster before or after the test."""
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    close_local_cluster()
+    yield
+    close_local_cluster()
+
+
+def code_rows(n: int) -> list[dict]:
+    return [{"id": i, "verifier": "code", "spec": CODE_SPEC,
+             "completion": f"def add(a, b): return a {'-' if i == 1 else '+'} b"} for i in range(n)]
+
+
+def test_a_few_code_rows_are_scored_in_the_sandbox_on_warm_dask_workers(no_scheduler):
+    rows = code_rows(3)
+    started = time.perf_counter()
+    first = score_rows(rows, CONFIG)
+    cold = time.perf_counter() - started
+    client = local_client()  # the default FanOut's shape: the cluster that call started
+    workers = client.run(os.getpid)
+    with get_task_stream(client=client) as stream:
+        started = time.perf_counter()
+        second = score_rows(rows, CONFIG)
+        warm = time.perf_counter() - started
+    started = time.perf_counter()
+    serial = verify_rows(rows, CONFIG)
+    in_process = time.perf_counter() - started
+    print(f"\n{len(rows)} code rows: first call {cold:.2f} s (cluster start, sandbox pools), warm reuse "
+          f"{warm:.3f} s, serial in this process {in_process:.3f} s (warm/serial {warm / in_process:.1f}x)")
+    assert [Verdict.from_dict(row) for row in first] == [Verdict.from_dict(row) for row in second] == serial
+    assert [row["passed"] for row in second] == [True, False, True]
+    # the second call ran on the same worker processes, one batch per row, none in this one
+    assert local_client() is client and client.run(os.getpid) == workers
+    ran_on = [task["worker"] for task in stream.data if str(task["key"]).startswith("verify-")]
+    assert len(ran_on) == 3 and os.getpid() not in {workers[w] for w in ran_on}
+    # and each of those workers ran the programs in its own bubblewrap sandbox pool
+    pools = client.run(_sandbox_pools)
+    assert all(pools[w] for w in ran_on), pools
+    assert warm < cold
+
+
+def _sandbox_pools() -> list[str]:
+    from verifiers.sandbox import runner
+    return [spec.bwrap for spec in runner._pools]
+
+
+def test_a_dead_warm_cluster_is_replaced_and_a_closed_one_leaves_no_process(no_scheduler):
+    rows = code_rows(2)
+    score_rows(rows, CONFIG)
+    client = local_client()
+    old = set(client.run(os.getpid).values())
+    client.cluster.close()  # dies under its owner, as a crashed scheduler would
+    assert [row["passed"] for row in score_rows(rows, CONFIG)] == [True, False]
+    assert local_client() is not client
+    new = set(local_client().run(os.getpid).values())
+    assert new.isdisjoint(old)
+    close_local_cluster()
+    assert not [pid for pid in old | new if _process_exists(pid)]
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_asking_for_another_shape_replaces_the_warm_cluster(no_scheduler):
     assert verify_rollouts([], CONFIG) == []
     rows = mixed_rows(6)
+    two = local_client(2, 2)
     out = verify_rollouts(rows, CONFIG, batch_size=2, progress=True, n_workers=1)
     assert strip_latency(out) == strip_latency([verify_row(row, CONFIG) for row in rows])
+    assert two.status == "closed" and len(local_client(1, 2).run(os.getpid)) == 1
 
 
-def test_a_local_cluster_leaves_this_process_environment_as_it_was(monkeypatch):
-    """Dask's nanny sets OMP_NUM_THREADS=1 (and more) in the spawning process; a training
-    job started after verification would have inherited it and run on one thread."""
-    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+def test_the_warm_cluster_leaves_this_process_environment_as_it_was(no_scheduler, monkeypatch):
+    """Dask's nanny sets OMP_NUM_THREADS=1 (and more) in the spawning process, at start and
+    whenever it restarts a worker; a training job started after verification would have
+    inherited it and run on one thread."""
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    for name in ("MKL_NUM_THREADS", "PYTHONHASHSEED", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
     before = dict(os.environ)
     verify_rollouts(mixed_rows(2), CONFIG, progress=False, n_workers=1)
     assert dict(os.environ) == before
+    client = local_client(1, 2)
+    (pid,) = client.run(os.getpid).values()
+    os.kill(pid, signal.SIGKILL)  # the nanny starts a new worker
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and set(_worker_pids(client)) in (set(), {pid}):
+        time.sleep(0.1)
+    assert set(_worker_pids(client)) - {pid}, "the nanny did not restart the worker"
+    assert len(verify_rollouts(mixed_rows(2), CONFIG, progress=False, n_workers=1)) == 2
+    assert dict(os.environ) == before
+
+
+def _worker_pids(client) -> list[int]:
+    try:
+        return list(client.run(os.getpid).values())
+    except Exception:  # noqa: BLE001 - a worker that is going away fails the call; ask again
+        return []

@@ -5,7 +5,10 @@ import pytest
 
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
-from tasks.round.rollout import RolloutConfig, run_rollouts
+import pyarrow.parquet as pq
+
+from tasks.round.rollout import RolloutConfig, run_rollouts, sample_round
+from tasks.round.verify import VerifyStageConfig
 from tasks.release.models import register_model
 from tasks.round.train import NothingToLearn, TrainStageConfig, run, train_policy
 from tasks.stages import StageKey
@@ -66,6 +69,34 @@ def test_a_round_with_nothing_to_learn_is_recorded_and_the_policy_carries_on(lak
         train_policy(con, base, version, 0, tmp_path / "jobs", "c1", cfg)
     counts = run(con, cfg, StageKey("c1", 0, policy=version))
     assert counts == {"policy_version": version, "trained": False, "groups_kept": 0, "groups_dropped": 2,
-                      "reason": "all 2 groups have zero reward variance: nothing to learn from"}
+                      "reason": "all 2 groups have zero reward variance and no task is routed to SFT with "
+                                "a usable reference: nothing to learn from"}
     assert not list((lake_settings.home / "jobs").glob("*/job.json"))
     assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 1
+
+
+@pytest.mark.slow
+def test_unsolved_tasks_are_learned_from_their_references_in_the_same_job(lake_settings, tmp_path, monkeypatch):
+    """The real model cannot add yet: every sample fails, every task is routed to SFT, and
+    the round still trains, on the references written as the domain's answer format."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
+    con = open_lake(lake_settings)
+    base = init_model(tmp_path / "base")
+    version = register_model(con, lake_settings, base, "test")
+    add_tasks(con, [(12, 30), (45, 11), (70, 7), (21, 21)])
+    rollout = RolloutConfig(tasks_per_round=4, heldout_fraction=0.0,
+                            engine=EngineConfig(backend="transformers", n=4, max_tokens=4))
+    counts = sample_round(con, base, version, "c1", rollout, 0, VerifyStageConfig())
+    assert counts["route_sft"] == 4 and counts["samples_saved"] == 0  # n=4 = first wave
+    cfg = TrainStageConfig(grpo=GRPOConfig(steps=2, groups_per_step=2, sft_per_step=2, max_tokens=4,
+                                           max_epochs=1.0), sft_formats={"math": "{answer}"}, device="cpu")
+    trained = run(con, cfg, StageKey("c1", 0, policy=version))
+    assert trained["trained"] and trained["sft_rows"] == 4 and trained["groups_kept"] == 0
+    steps = con.execute("SELECT step, sft_tokens, sft_loss, kl_reference FROM lake.train_steps ORDER BY step").fetchall()
+    # 2 steps of 2 references, each its digits plus the end-of-turn token
+    assert [(s[0], s[1]) for s in steps] == [(1, 6), (2, 6)] and all(s[2] > 0 and s[3] is False for s in steps)
+    job = json.loads(next((lake_settings.home / "jobs").glob("*/job.json")).read_text())
+    sft = pq.read_table(job["sft_rows"]).to_pylist()
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    assert sorted(tokenizer.decode(r["token_ids"][:-1]) for r in sft) == ["42", "42", "56", "77"]

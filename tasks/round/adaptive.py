@@ -1,0 +1,108 @@
+"""Adaptive sampling: sample a few, score them, and sample the rest of a group only
+where the task's route is still undecided (tasks/round/routing.py says which).
+
+One round's selected tasks go through at most two waves: `first_samples` each, then the
+rest of the group (engine.n) for the tasks `routing.needs_more` names. Each wave is
+scored as it arrives (the rollout needs its verdicts to decide), so the round's
+rollouts, verdicts and routes come out together and the rollout stage commits them in
+one transaction. Sample ids continue across waves (0..n-1 per task), so a topped-up
+group is exactly a fixed-G group to the trainer. Not here: picking the tasks
+(tasks/round/rollout.py), writing the lake.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+
+from storage.schemas import SCHEMAS
+from tasks.round.routing import History, RoutingConfig, decide, needs_more, wilson
+from tasks.round.verify import VerifyStageConfig, score_rollouts
+from trainer.engine import EngineConfig, Sample, generate
+from verifiers.registry import VERIFIERS
+from verifiers.verdict import INFRA_STATUSES
+
+
+def wave_sizes(engine: EngineConfig, routing: RoutingConfig) -> tuple[int, int]:
+    """(first wave, top-up) samples per task; fixed G is (n, 0)."""
+    first = min(routing.first_samples, engine.n) if routing.adaptive else engine.n
+    return first, engine.n - first
+
+
+def sample_wave(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, n: int, first_idx: int,
+                wave: int) -> list[tuple[dict, Sample]]:
+    """`n` samples of each task, numbered from `first_idx`; each wave has its own seed, so
+    a top-up never repeats the first wave's samples."""
+    cfg = replace(engine, n=n, seed=engine.seed + wave)
+    samples = generate(model_dir, [json.loads(t["messages"]) for t in tasks], cfg, [t["domain"] for t in tasks])
+    return [(tasks[s.prompt_idx], replace(s, sample_idx=s.sample_idx + first_idx)) for s in samples]
+
+
+def sample_and_route(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, routing: RoutingConfig,
+                     verify: VerifyStageConfig, make_rollouts, cycle_id: str) -> dict:
+    """Sample, score and route `tasks`. `make_rollouts(pairs)` turns (task, Sample) pairs
+    into `rollouts` rows. Returns the three tables and the counts."""
+    first, rest = wave_sizes(engine, routing)
+    rollouts = make_rollouts(sample_wave(model_dir, tasks, engine, first, 0, wave=0))
+    verdicts = score_rollouts(_scoring_rows(rollouts, tasks), verify, cycle_id)
+    tally = _tally(rollouts, verdicts)
+    undecided = [t for t in tasks if rest and needs_more(*tally.get(t["task_id"], (0, 0)), _history(t))]
+    if undecided:
+        more = make_rollouts(sample_wave(model_dir, undecided, engine, rest, first, wave=1))
+        more_verdicts = score_rollouts(_scoring_rows(more, undecided), verify, cycle_id)
+        rollouts, verdicts = pa.concat_tables([rollouts, more]), pa.concat_tables([verdicts, more_verdicts])
+        tally = _tally(rollouts, verdicts)
+    return {"rollouts": rollouts, "verdicts": verdicts, "routes": route_rows(tasks, tally, routing),
+            "topped_up": len(undecided), "samples_saved": (len(tasks) - len(undecided)) * rest}
+
+
+def _history(task: dict) -> History:
+    return History(int(task.get("recent_samples") or 0), int(task.get("recent_passes") or 0))
+
+
+def _scoring_rows(rollouts: pa.Table, tasks: list[dict]) -> list[dict]:
+    by_id = {t["task_id"]: t for t in tasks}
+    return [{"rollout_id": r["rollout_id"], "verifier": by_id[r["task_id"]]["verifier"],
+             "spec": json.loads(by_id[r["task_id"]]["spec"]), "prompt": by_id[r["task_id"]]["prompt"],
+             "completion": r["completion"]}
+            for r in rollouts.select(["rollout_id", "task_id", "completion"]).to_pylist()]
+
+
+def _tally(rollouts: pa.Table, verdicts: pa.Table) -> dict[str, tuple[int, int]]:
+    """task_id -> (passes, judged samples); infra failures judge nothing and are left out."""
+    task_of = dict(zip(rollouts["rollout_id"].to_pylist(), rollouts["task_id"].to_pylist(), strict=True))
+    tally: dict[str, list[int]] = {}
+    for rid, passed, status in zip(verdicts["rollout_id"].to_pylist(), verdicts["passed"].to_pylist(),
+                                   verdicts["status"].to_pylist(), strict=True):
+        if status in INFRA_STATUSES:
+            continue
+        counts = tally.setdefault(task_of[rid], [0, 0])
+        counts[0] += bool(passed)
+        counts[1] += 1
+    return {task: (passes, judged) for task, (passes, judged) in tally.items()}
+
+
+def has_reference(task: dict) -> bool:
+    """Whether the task's spec holds a solution the supervised route can train on."""
+    verifier = VERIFIERS.get(task["verifier"])
+    return verifier is not None and verifier.gold_completion(json.loads(task["spec"])) is not None
+
+
+def route_rows(tasks: list[dict], tally: dict[str, tuple[int, int]], routing: RoutingConfig) -> list[dict]:
+    """One `routes` row per task (less the round's ids, which the caller adds)."""
+    rows = []
+    for task in tasks:
+        passes, judged = tally.get(task["task_id"], (0, 0))
+        route = decide(passes, judged, _history(task), has_reference(task), routing)
+        low, high = wilson(passes, judged, routing.confidence)
+        rows.append({"task_id": task["task_id"], "domain": task["domain"], "samples": judged, "passes": passes,
+                     "pass_rate": passes / judged if judged else None, "pass_low": low, "pass_high": high,
+                     "route": route.route, "reason": route.reason})
+    return rows
+
+
+def routes_table(rows: list[dict], policy_version: str, round_idx: int, cycle_id: str) -> pa.Table:
+    return pa.Table.from_pylist([{**r, "policy_version": policy_version, "round": round_idx, "cycle_id": cycle_id}
+                                 for r in rows], schema=SCHEMAS["routes"])

@@ -1,0 +1,98 @@
+"""Routing by difficulty: the pure decision, and the rollout stage sampling in waves."""
+from __future__ import annotations
+
+import json
+import string
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pytest
+
+from flows.demo.tiny_model import init_model
+from storage.lake import append_rows, open_lake
+from storage.schemas import SCHEMAS
+from tasks.round.rollout import RolloutConfig, sample_round
+from tasks.round.routing import History, RoutingConfig, decide, needs_more, wilson
+from tasks.round.verify import VerifyStageConfig
+from trainer.engine import EngineConfig
+
+CFG = RoutingConfig()
+
+
+def test_the_wilson_interval_is_sound_at_the_edges():
+    assert wilson(0, 4, 0.95)[0] == 0.0 and wilson(0, 4, 0.95)[1] == pytest.approx(0.490, abs=1e-3)
+    assert wilson(16, 16, 0.95)[0] == pytest.approx(0.806, abs=1e-3) and wilson(16, 16, 0.95)[1] == 1.0
+    low, high = wilson(3, 10, 0.95)
+    assert low < 0.3 < high
+    assert wilson(0, 0, 0.95) == (0.0, 1.0)
+
+
+def test_each_outcome_has_one_route_and_says_why():
+    assert decide(2, 4, History(), True, CFG).route == "rl"
+    unsolved = decide(0, 4, History(), True, CFG)
+    assert unsolved.route == "sft" and "reference" in unsolved.reason
+    no_reference = decide(0, 4, History(), False, CFG)
+    assert no_reference.route == "skip" and "no reference solution: kept for later" in no_reference.reason
+    assert decide(0, 4, History(), True, RoutingConfig(sft=False)).route == "skip"
+    assert decide(4, 4, History(), True, CFG).route == "skip"  # solved once is not yet reliable
+    retired = decide(4, 4, History(samples=12, passes=12), True, CFG)
+    assert retired.route == "retire" and "16 of 16" in retired.reason
+    assert decide(4, 4, History(samples=12, passes=9), True, CFG).route == "skip"
+    assert decide(0, 0, History(), True, CFG).route == "skip"  # infra failures judge nothing
+
+
+def test_only_undecided_tasks_get_more_samples():
+    assert needs_more(1, 4, History())  # mixed: RL wants the whole group
+    assert not needs_more(0, 4, History()) and not needs_more(4, 4, History(8, 8))
+    assert needs_more(0, 4, History(8, 3))  # uniform now, mixed before: undecided
+
+
+def add_exact_tasks(con, n: int) -> None:
+    """One-character tasks the untrained tiny model passes about 60% of the time: any
+    letter or digit is accepted (its vocabulary is ASCII), punctuation is not."""
+    accepted = list(string.ascii_lowercase + string.digits)
+    rows = [{"task_id": f"t{i:02d}", "domain": "trivia", "prompt": f"Say one letter ({i})",
+             "messages": json.dumps([{"role": "user", "content": f"Say one letter ({i})"}]), "verifier": "exact",
+             "spec": json.dumps({"answer": accepted}), "source_log_ids": [],
+             "created_at": datetime.now(timezone.utc), "cycle_id": "c0"} for i in range(n)]
+    append_rows(con, "tasks", pa.Table.from_pylist(rows, schema=SCHEMAS["tasks"]))
+
+
+def test_the_stage_samples_in_waves_and_records_one_route_per_task(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    add_exact_tasks(con, 16)
+    model = init_model(tmp_path / "m")
+    cfg = RolloutConfig(tasks_per_round=16, heldout_fraction=0.0, routing=RoutingConfig(first_samples=2),
+                        engine=EngineConfig(backend="transformers", n=6, max_tokens=1))
+    counts = sample_round(con, model, "v0", "c1", cfg, 0, VerifyStageConfig())
+    groups = con.execute("""
+        SELECT r.task_id, count(*), count(*) FILTER (WHERE v.passed), list(r.sample_idx ORDER BY r.sample_idx),
+               any_value(x.route), any_value(x.samples), any_value(x.passes)
+        FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) JOIN lake.routes x USING (task_id)
+        GROUP BY r.task_id ORDER BY r.task_id""").fetchall()
+    assert len(groups) == 16  # every task: its rollouts, a verdict for each, one route
+    for task, n, passes, idx, route, samples, route_passes in groups:
+        assert idx == list(range(n)) and (samples, route_passes) == (n, passes), task
+        assert n in (2, 6), task  # first wave only, or topped up to the whole group
+        assert route == ("rl" if 0 < passes < n else "sft" if passes == 0 else "skip"), task
+    first_wave_uniform = sum(n == 2 for _, n, *_ in groups)
+    assert 0 < first_wave_uniform < 16, "the seed should give both kinds; pick another"
+    assert counts["samples_saved"] == 4 * first_wave_uniform
+    assert counts["rollouts"] == sum(n for _, n, *_ in groups) == counts["verified"]
+    assert counts["route_rl"] + counts["route_sft"] + counts["route_skip"] == 16
+    assert sample_round(con, model, "v0", "c1", cfg, 0, VerifyStageConfig())["rollouts"] == 0  # rerun
+
+
+def test_retired_tasks_are_not_selected_again(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    add_exact_tasks(con, 3)
+    append_rows(con, "routes", pa.Table.from_pylist([{
+        "task_id": "t00", "round": 0, "policy_version": "v0", "domain": "trivia", "samples": 16, "passes": 16,
+        "pass_rate": 1.0, "pass_low": 0.81, "pass_high": 1.0, "route": "retire", "reason": "solved",
+        "cycle_id": "c0"}], schema=SCHEMAS["routes"]))
+    cfg = RolloutConfig(tasks_per_round=3, heldout_fraction=0.0, routing=RoutingConfig(adaptive=False),
+                        engine=EngineConfig(backend="transformers", n=2, max_tokens=1))
+    counts = sample_round(con, init_model(tmp_path / "m"), "v1", "c1", cfg, 0, VerifyStageConfig())
+    assert counts["tasks"] == 2 and counts["samples_saved"] == 0 and counts["rollouts"] == 4
+    chosen = {r[0] for r in con.execute("SELECT DISTINCT task_id FROM lake.rollouts").fetchall()}
+    assert chosen == {"t01", "t02"}
