@@ -58,14 +58,20 @@ def read_rollouts(path: str | Path) -> list[dict]:
     return rows
 
 
-def check_row(i: int, row: dict) -> None:
-    missing = [c for c in ROLLOUT_COLUMNS if c not in row or row[c] is None]
+def check_token_columns(label: str, row: dict, columns: tuple[str, ...]) -> None:
+    """`row` has every column, and its prompt and completion ids are non-empty id lists;
+    `label` names the row in the error ("rollout row 3", "SFT row 0")."""
+    missing = [c for c in columns if row.get(c) is None]
     if missing:
-        raise RolloutDataError(f"rollout row {i}: missing column(s) {missing}; need {list(ROLLOUT_COLUMNS)}")
+        raise RolloutDataError(f"{label}: missing column(s) {missing}; need {list(columns)}")
     for col in ("prompt_token_ids", "token_ids"):
         ids = row[col]
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-            raise RolloutDataError(f"rollout row {i}: {col} must be a non-empty list of token ids")
+            raise RolloutDataError(f"{label}: {col} must be a non-empty list of token ids")
+
+
+def check_row(i: int, row: dict) -> None:
+    check_token_columns(f"rollout row {i}", row, ROLLOUT_COLUMNS)
     if len(row["logprobs"]) != len(row["token_ids"]):
         raise RolloutDataError(f"rollout row {i}: {len(row['logprobs'])} logprobs for "
                                f"{len(row['token_ids'])} completion tokens; they must pair up")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from trainer.rollout_data import RolloutDataError, pad_batch, step_group_order
+from trainer.rollout_data import RolloutDataError, check_token_columns, pad_batch, step_group_order
 
 SFT_COLUMNS = ("task_id", "prompt_token_ids", "token_ids")
 
@@ -54,13 +54,7 @@ def read_sft_rows(path: str | Path | None) -> list[dict]:
     rows = (pq.read_table(path).to_pylist() if path.suffix == ".parquet"
             else [json.loads(line) for line in path.read_text().splitlines() if line.strip()])
     for i, row in enumerate(rows):
-        missing = [c for c in SFT_COLUMNS if row.get(c) is None]
-        if missing:
-            raise RolloutDataError(f"SFT row {i}: missing column(s) {missing}; need {list(SFT_COLUMNS)}")
-        for col in ("prompt_token_ids", "token_ids"):
-            ids = row[col]
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-                raise RolloutDataError(f"SFT row {i}: {col} must be a non-empty list of token ids")
+        check_token_columns(f"SFT row {i}", row, SFT_COLUMNS)
         row["logprobs"] = [0.0] * len(row["token_ids"])  # pad_batch's shape; not used by the NLL
     return rows
 
