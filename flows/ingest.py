@@ -1,4 +1,6 @@
-"""The ingest flow: landed files -> failure_logs + quarantine, one batch per file."""
+"""The ingest flow: landed files -> failure_logs + quarantine, one batch per file; files the
+gateway shipped (under `<landing>/gateway/`) -> interactions + feedback + the failure logs
+they signal (tasks/ingest/gateway.py; the per-file task routes them)."""
 from __future__ import annotations
 
 from prefect import flow

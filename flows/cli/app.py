@@ -8,6 +8,7 @@ import typer
 from flows.cli import curate as curate_cmd
 from flows.cli import cycle as cycle_cmd
 from flows.cli import evalset as evalset_cmd
+from flows.cli import gateway as gateway_cmd
 from flows.cli import ingest as ingest_cmd
 from flows.cli import model as model_admin_cmd
 from flows.cli import serve as serve_cmd
@@ -33,6 +34,7 @@ app.add_typer(evalset_cmd.evalset_app, name="evalset")
 app.command("curate")(curate_cmd.curate_command)
 app.command("serve")(serve_cmd.serve_command)
 app.command("webhook")(webhook.webhook_command)
+app.command("gateway")(gateway_cmd.gateway_command)
 app.add_typer(model_cmd.model_app, name="model")
 model_cmd.model_app.command("import")(model_admin_cmd.model_import_command)
 model_cmd.model_app.command("list")(model_admin_cmd.model_list_command)

@@ -1,8 +1,9 @@
-"""Ingest: landed failure-log files -> `failure_logs` rows, every bad line a `quarantine` row.
+"""Ingest: landed failure-log files -> `failure_logs` rows, every bad line a `quarantine` row;
+the gateway's call logs -> `interactions` and `feedback`, and the failures they signal.
 
 Reads: files, folders or s3:// prefixes of `.jsonl` / `.jsonl.gz` (the configured
 landing by default). Writes: `ingest_batches`, `failure_logs`, `quarantine`, one
-DuckLake commit per file.
+DuckLake commit per file; for a gateway file also `interactions`, `feedback`.
 
 The path of one line, in order:
 1. `sources`   finds the landed files and skips those already ingested at their current
@@ -19,6 +20,13 @@ The path of one line, in order:
                a line repeating an earlier line or a log already in the lake is
                quarantined as `repeated_log`, naming what it repeats.
 `progress` draws the progress bar of a large file.
+
+A file under `<landing>/gateway/` is the gateway's call log (`gateway_records` is its
+format): `gateway` writes its calls and feedback as `interactions` and `feedback` rows,
+and `signals` derives the failures they show without a person (a reply breaking the
+request's JSON schema, tool arguments breaking the tool's schema, negative feedback with
+a correction); those failure logs come back through `batch` like any landed file.
+`failure_rate` reads the production failure rate of each model version from real traffic.
 
 A log's `log_id` is the sha256 of its canonical JSON, so the same log is one row
 however often it lands.

@@ -8,16 +8,20 @@ valid rows are staged as Parquet (tasks/ingest/chunks.py). The whole
 batch becomes visible in one DuckLake commit, so memory does not grow with the file,
 a crash leaves no partial rows, and a rerun ingests the batch exactly once. A batch
 already in `ingest_batches` is skipped and reported as such. Raw files are only
-read, never moved or deleted.
+read, never moved or deleted. A file the gateway shipped (under `<landing>/gateway/`)
+holds gateway records instead: tasks/ingest/gateway.py writes them to the lake and
+hands the failure logs they signal back to `ingest_file`.
 
 This module moves bytes and rows; it decides nothing about a line's validity.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,6 +39,7 @@ from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest.chunks import (SetAside, batch_tables, judge_chunk, judge_set_aside, stage_chunk,
                                 stage_set_aside, quarantine_lake_repeats, drop_lake_repeats)
+from tasks.ingest.gateway_records import GATEWAY_FOLDER
 from tasks.ingest.lines import read_chunks
 from tasks.ingest.progress import ingest_progress
 from tasks.ingest.scan import ScannedChunks
@@ -85,6 +90,12 @@ class BatchResult:
     skipped: bool
     """True when this exact file was ingested before; nothing was written."""
     seconds: float
+    interactions: int = 0
+    """A gateway file's calls written to `interactions` (tasks/ingest/gateway.py); for such
+    a file `rows_ok` counts the failure logs derived from its records, `rows_quarantined`
+    its broken lines and the derived logs ingest refused."""
+    feedback: int = 0
+    """A gateway file's feedback written to `feedback`."""
 
     @classmethod
     def unchanged(cls, source_uri: str, batch_id: str) -> BatchResult:
@@ -105,22 +116,42 @@ def run(con: duckdb.DuckDBPyConnection, cfg: IngestConfig, key: StageKey) -> dic
     results = [ingest_source(con, settings, source.uri, cfg, key.cycle_id) for source in pending]
     return {"files": len(results) + len(unchanged), "skipped": sum(r.skipped for r in results) + len(unchanged),
             "rows_ok": sum(r.rows_ok for r in results),
-            "rows_quarantined": sum(r.rows_quarantined for r in results)}
+            "rows_quarantined": sum(r.rows_quarantined for r in results),
+            "interactions": sum(r.interactions for r in results), "feedback": sum(r.feedback for r in results)}
 
 
 def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: str,
                   cfg: IngestConfig, cycle_id: str) -> BatchResult:
-    """Ingest one file (local path or s3:// URI) as one batch."""
-    if uri.startswith("s3://"):
-        with tempfile.TemporaryDirectory(dir=settings.home) as tmp:
-            bucket, key = parse_s3_uri(uri)
-            store = ObjectStore(settings)
-            # Stat, then download: an object replaced in between is recorded at its old
-            # version, so the next scan looks at it again (never the other way round).
-            version = object_version(store.stat(bucket, key))
-            local = store.download(bucket, key, Path(tmp) / "batch")
-            return ingest_file(con, local, uri, cfg, cycle_id, source_version=version)
-    return ingest_file(con, Path(uri), uri, cfg, cycle_id)
+    """Ingest one file (local path or s3:// URI) as one batch: failure logs, or gateway
+    records when the gateway shipped it (under `<landing>/gateway/`)."""
+    with local_copy(settings, uri) as (path, version):
+        if is_gateway_source(settings, uri):
+            # gateway.py builds on this module (its failure logs go through ingest_file),
+            # so it is imported where it is used, not above
+            from tasks.ingest.gateway import ingest_gateway_file
+            return ingest_gateway_file(con, settings, path, uri, cfg, cycle_id, source_version=version)
+        return ingest_file(con, path, uri, cfg, cycle_id, source_version=version)
+
+
+def is_gateway_source(settings: LakeSettings, uri: str) -> bool:
+    """Whether `uri` is a file the gateway shipped: under `<landing>/gateway/`."""
+    return uri.startswith(settings.landing_uri.rstrip("/") + "/" + GATEWAY_FOLDER)
+
+
+@contextlib.contextmanager
+def local_copy(settings: LakeSettings, uri: str) -> Iterator[tuple[Path, str | None]]:
+    """The file at `uri` on local disk, and its version (None for a local file: ingest
+    takes it just before reading)."""
+    if not uri.startswith("s3://"):
+        yield Path(uri), None
+        return
+    with tempfile.TemporaryDirectory(dir=settings.home) as tmp:
+        bucket, key = parse_s3_uri(uri)
+        store = ObjectStore(settings)
+        # Stat, then download: an object replaced in between is recorded at its old
+        # version, so the next scan looks at it again (never the other way round).
+        version = object_version(store.stat(bucket, key))
+        yield store.download(bucket, key, Path(tmp) / "batch"), version
 
 
 def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,

@@ -1,0 +1,39 @@
+"""`flywheel gateway`: serve the OpenAI API in front of the production model (flows/gateway/app.py)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated
+
+import typer
+
+from storage.config_file import ConfigError, lake_settings, load_section
+
+
+def gateway_command(
+    host: Annotated[str | None, typer.Option(help="Interface to listen on (0.0.0.0 in a container).")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (default 8100).")] = None,
+    upstream: Annotated[str | None, typer.Option(
+        help="An OpenAI-compatible server to forward to (FLYWHEEL_GATEWAY_UPSTREAM); without one the "
+             "gateway starts `vllm serve` of the production model and follows promotions.")] = None,
+    upstream_version: Annotated[str | None, typer.Option(
+        help="The model version --upstream serves, logged with each call (default: its first model id).")] = None,
+    access_log: Annotated[bool, typer.Option(help="Log one line per request (never headers or keys).")] = True,
+) -> None:
+    """Serve the OpenAI API in front of the production model; log every call and feedback."""
+    import uvicorn
+
+    from flows.gateway.app import create_app
+    from flows.gateway.config import GatewayConfig
+
+    overrides = {k: v for k, v in (("host", host), ("port", port), ("upstream", upstream),
+                                   ("upstream_version", upstream_version)) if v is not None}
+    try:
+        cfg = dataclasses.replace(load_section(GatewayConfig, "gateway"), **overrides)
+        settings = lake_settings()
+        app = create_app(cfg, settings)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    # graceful stop (SIGTERM, Ctrl-C) runs the app's shutdown: the spool is shipped before exit
+    uvicorn.run(app, host=cfg.host, port=cfg.port, access_log=access_log, log_level="info",
+                timeout_graceful_shutdown=30)

@@ -1,0 +1,1 @@
+"""The gateway: an OpenAI-compatible front for the production model that logs every call (see app.py)."""

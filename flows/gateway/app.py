@@ -1,0 +1,224 @@
+"""`flywheel gateway`: the OpenAI API in front of the production model, logging every call.
+
+- `POST /v1/chat/completions`: streaming or not; `response_format`, `tools` and every other
+  parameter pass through to the upstream (flows/gateway/calls.py).
+- `GET /v1/models`: the one model clients name (`model_name`), whichever version serves it.
+- `POST /v1/feedback`: a completion id plus a label or score, an optional correction and a
+  comment (tasks/ingest/gateway_records.py); idempotent per completion id.
+- `GET /health`: the versions serving; no key needed.
+- `POST /admin/upstream`, `DELETE /admin/canary`: switch the primary or set a canary by hand
+  (admin keys only); in managed mode promotions do this on their own (flows/gateway/watch.py).
+
+Every check happens before anything reaches the upstream: size (413), key (401), JSON (400),
+shape (422). Keys are compared in constant time and never logged: the call log holds the
+request body only, and uvicorn's access log holds no headers.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from flows.gateway import calls
+from flows.gateway.config import GatewayConfig
+from flows.gateway.shipping import Shipper, ShippingConfig
+from flows.gateway.spool import Spool, UnknownCall
+from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, probe
+from storage.settings import LakeSettings
+from tasks.ingest.gateway_records import feedback_problem
+
+log = logging.getLogger("flywheel.gateway")
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
+    """OpenAI's error shape, so the SDK raises its usual exceptions with this message."""
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+
+
+def spool_folder(cfg: GatewayConfig, settings: LakeSettings) -> Path:
+    return Path(cfg.spool) if cfg.spool else settings.home / "gateway" / "spool"
+
+
+class Gateway:
+    """What the routes share: config, spool, shipper, upstreams, one HTTP client."""
+
+    def __init__(self, cfg: GatewayConfig, settings: LakeSettings) -> None:
+        if not cfg.client_keys:
+            raise ValueError("the gateway needs client keys: set FLYWHEEL_GATEWAY_KEYS (comma-separated) "
+                             "or [gateway] keys; it will not serve the model to anyone without one")
+        self.cfg, self.settings = cfg, settings
+        self.spool: Spool | None = None
+        self.shipper: Shipper | None = None
+        self.pool: UpstreamPool | None = None
+        self.client: httpx.AsyncClient | None = None
+        self.watcher: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.upstream_timeout_s, connect=10.0),
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self.spool = Spool(spool_folder(self.cfg, self.settings))
+        self.shipper = Shipper(self.spool, self.settings,
+                               ShippingConfig(max_bytes=self.cfg.ship_max_bytes, max_age_s=self.cfg.ship_max_age_s))
+        self.shipper.start()  # ships what a previous run left (a crash, a kill) first
+        if self.cfg.upstream:
+            self.pool = UpstreamPool(await self.external(self.cfg.upstream, self.cfg.upstream_version))
+        else:
+            from flows.gateway.watch import ProductionWatch
+
+            watch = ProductionWatch(self)
+            self.pool = UpstreamPool(await watch.first_upstream())
+            self.watcher = asyncio.create_task(watch.run())
+
+    async def external(self, url: str, version: str = "") -> Upstream:
+        """An upstream the gateway does not own, named by URL; its version is `version` or
+        the first model it lists."""
+        url = url.rstrip("/").removesuffix("/v1")
+        ids = await probe(self.client, url)
+        return Upstream(version or ids[0], url, ids[0])
+
+    async def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.shipper is not None:
+            await asyncio.to_thread(self.shipper.stop)  # ships everything still in the spool
+        if self.spool is not None:
+            self.spool.close()
+        if self.pool is not None:
+            for upstream in self.pool.owned():
+                await asyncio.to_thread(upstream.stop)
+        if self.client is not None:
+            await self.client.aclose()
+
+    def authorized(self, request: Request, keys: frozenset[str]) -> bool:
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        presented = key.strip().encode()
+        # every key is compared, so timing says nothing about which one almost matched
+        return scheme.lower() == "bearer" and sum(hmac.compare_digest(presented, k.encode()) for k in keys) > 0
+
+    async def read_json(self, request: Request) -> dict | JSONResponse:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.cfg.max_request_bytes:
+            return error(413, f"request body over {self.cfg.max_request_bytes} bytes")
+        body = bytearray()
+        async for part in request.stream():  # a body without (or lying about) its length is counted too
+            body += part
+            if len(body) > self.cfg.max_request_bytes:
+                return error(413, f"request body over {self.cfg.max_request_bytes} bytes")
+        try:
+            parsed = json.loads(body)
+        except ValueError as exc:
+            return error(400, f"request body is not JSON: {exc}")
+        return parsed if isinstance(parsed, dict) else error(400, "request body must be a JSON object")
+
+
+def chat_problem(body: dict, cfg: GatewayConfig) -> str | None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "`messages` must be a non-empty list of chat messages"
+    if len(messages) > cfg.max_messages:
+        return f"at most {cfg.max_messages} messages per request, got {len(messages)}"
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        return "every message must be an object with a `role`"
+    if body.get("model") not in (None, cfg.model_name):
+        return f"unknown model {body.get('model')!r}; this gateway serves {cfg.model_name!r}"
+    return None
+
+
+def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
+    gateway = Gateway(cfg, settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="flywheel gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", **gateway.pool.versions()}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        if not gateway.authorized(request, cfg.client_keys):
+            return error(401, "missing or unknown API key", code="invalid_api_key")
+        return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "owned_by": "flywheel",
+                                            "created": 0, "version": gateway.pool.primary.version}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await gateway.read_json(request)
+        if isinstance(body, JSONResponse):
+            return body
+        if not gateway.authorized(request, cfg.client_keys):
+            return error(401, "missing or unknown API key", code="invalid_api_key")
+        problem = chat_problem(body, cfg)
+        if problem:
+            return error(422, problem)
+        return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request):
+        body = await gateway.read_json(request)
+        if isinstance(body, JSONResponse):
+            return body
+        if not gateway.authorized(request, cfg.client_keys):
+            return error(401, "missing or unknown API key", code="invalid_api_key")
+        problem = feedback_problem(body)
+        if problem:
+            return error(422, problem)
+        record = {"type": "feedback", "id": body["id"], "ts": calls.utc_now(), "label": body.get("label"),
+                  "score": body.get("score"), "correction": body.get("correction"), "comment": body.get("comment")}
+        try:
+            stored, created = await gateway.spool.append_feedback(record)
+        except UnknownCall:
+            return error(404, f"no call with completion id {body['id']!r} was logged by this gateway",
+                         code="unknown_completion")
+        if not created and _content(stored) != _content(record):
+            return error(409, f"feedback for {body['id']!r} was already recorded (at {stored['ts']}) with "
+                              "other content; the first feedback for a completion is kept", code="conflict")
+        return {"id": body["id"], "recorded": created}
+
+    @app.post("/admin/upstream")
+    async def admin_upstream(request: Request):
+        if not cfg.admin_key_set or not gateway.authorized(request, cfg.admin_key_set):
+            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        body = await gateway.read_json(request)
+        if isinstance(body, JSONResponse):
+            return body
+        if not isinstance(body.get("url"), str):
+            return error(422, "needs `url`: the new upstream's base URL; optional `version` and `canary_share`")
+        share = body.get("canary_share", 0)
+        try:
+            upstream = await gateway.external(body["url"], body.get("version") or "")
+            if share:
+                await gateway.pool.set_canary(upstream, float(share), gateway.client, cfg.drain_s)
+            else:
+                await gateway.pool.switch(upstream, gateway.client, cfg.drain_s)
+        except (UpstreamError, TypeError, ValueError) as exc:
+            return error(422, str(exc))
+        return gateway.pool.versions()
+
+    @app.delete("/admin/canary")
+    async def admin_canary(request: Request):
+        if not cfg.admin_key_set or not gateway.authorized(request, cfg.admin_key_set):
+            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        await gateway.pool.set_canary(None, 0, gateway.client, cfg.drain_s)
+        return gateway.pool.versions()
+
+    return app
+
+
+def _content(record: dict) -> tuple:
+    return tuple(record.get(k) for k in ("label", "score", "correction", "comment"))

@@ -1,0 +1,133 @@
+"""One chat completion through the gateway: forward, log durably, then release.
+
+The client's response is released only after its call record is committed to the spool,
+so a call a client saw answered is never lost, whatever happens to the gateway next.
+A stream is forwarded chunk by chunk as the upstream produces it, except its final chunks
+(the ones carrying finish_reason or usage) and `[DONE]`, which wait for the commit: a client
+whose stream breaks before them knows its answer is incomplete, and that call is not logged.
+
+The gateway mints the completion id (`chatcmpl-` + 32 hex digits) instead of passing the
+upstream's on: ids stay unique across upstreams, swaps and replicas, and feedback joins
+to exactly one call. The response names the model the client asked for; the version that
+answered is in the `x-flywheel-model-version` header and in the log.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+
+import httpx
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from flows.gateway.spool import Spool
+from flows.gateway.streams import StreamAssembly, is_final
+from flows.gateway.upstreams import Upstream, UpstreamPool
+
+VERSION_HEADER = "x-flywheel-model-version"
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def call_record(completion_id: str, received: str, upstream: Upstream, request: dict, response: dict,
+                stream: bool, started: float) -> dict:
+    return {"type": "call", "id": completion_id, "ts": received, "model_version": upstream.version,
+            "request": request, "response": response, "status": 200, "stream": stream,
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3), "usage": response.get("usage")}
+
+
+def upstream_error(exc: Exception, upstream: Upstream) -> JSONResponse:
+    return JSONResponse({"error": {"message": f"upstream {upstream.version} failed: {type(exc).__name__}: {exc}",
+                                   "type": "upstream_error"}}, status_code=502)
+
+
+def passthrough(response: httpx.Response) -> JSONResponse:
+    """An upstream's refusal (a bad request, a prompt too long) reaches the client as it was said."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = {"error": {"message": response.text[:2000], "type": "upstream_error"}}
+    return JSONResponse(body, status_code=response.status_code)
+
+
+async def complete(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient,
+                   spool: Spool) -> JSONResponse | StreamingResponse:
+    received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id()
+    if request.get("stream"):
+        return await _stream(request, model_name, pool, client, spool, (received, started, completion_id))
+    async with pool.lease() as upstream:
+        try:
+            response = await client.post(f"{upstream.url}/v1/chat/completions",
+                                         json={**request, "model": upstream.served_name})
+        except httpx.HTTPError as exc:
+            return upstream_error(exc, upstream)
+    if response.status_code != 200:
+        return passthrough(response)
+    body = {**response.json(), "id": completion_id, "model": model_name}
+    await spool.append_call(call_record(completion_id, received, upstream, request, body, False, started))
+    return JSONResponse(body, headers={VERSION_HEADER: upstream.version})
+
+
+async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
+                  call: tuple[str, float, str]) -> JSONResponse | StreamingResponse:
+    lease = pool.lease()
+    upstream = await lease.__aenter__()
+    wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+    # usage is always asked for, so the log has it; the client gets it only if it asked
+    forwarded = {**request, "model": upstream.served_name,
+                 "stream_options": {**(request.get("stream_options") or {}), "include_usage": True}}
+    try:
+        response = await client.send(client.build_request("POST", f"{upstream.url}/v1/chat/completions",
+                                                          json=forwarded), stream=True)
+    except httpx.HTTPError as exc:
+        await lease.__aexit__(None, None, None)
+        return upstream_error(exc, upstream)
+    if response.status_code != 200:
+        await response.aread()
+        await response.aclose()
+        await lease.__aexit__(None, None, None)
+        return passthrough(response)
+    events = _relay(response, lease, upstream, request, model_name, spool, call, wants_usage)
+    return StreamingResponse(events, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
+
+
+async def _relay(response: httpx.Response, lease, upstream: Upstream, request: dict, model_name: str, spool: Spool,
+                 call: tuple[str, float, str], wants_usage: bool) -> AsyncIterator[bytes]:
+    received, started, completion_id = call
+    assembly, held = StreamAssembly(), []
+    try:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = {**json.loads(data), "id": completion_id, "model": model_name}
+            assembly.add(chunk)
+            if not chunk.get("choices") and not wants_usage:
+                continue  # the usage-only chunk the gateway asked for on its own behalf
+            if not wants_usage:
+                chunk.pop("usage", None)
+            event = f"data: {json.dumps(chunk)}\n\n".encode()
+            if is_final(chunk):
+                held.append(event)
+            else:
+                yield event
+        else:  # the upstream hung up without [DONE]: not an answered call
+            raise httpx.RemoteProtocolError(f"upstream {upstream.version} ended its stream without [DONE]")
+        body = assembly.completion(completion_id, model_name)
+        await spool.append_call(call_record(completion_id, received, upstream, request, body, True, started))
+        for event in held:
+            yield event
+        yield b"data: [DONE]\n\n"
+    finally:
+        await response.aclose()
+        await lease.__aexit__(None, None, None)

@@ -1,0 +1,340 @@
+"""The gateway's durable spool: every record is on disk before its call is answered.
+
+One SQLite file per gateway, in WAL mode with synchronous=FULL, so a committed record
+survives SIGKILL and power loss. Request handlers append concurrently; a commit per
+request would cap throughput at one disk flush per call, so appends go to ONE writer
+thread that takes everything waiting, inserts it in one transaction and commits once
+(group commit), then wakes each caller. The shipper's writes (planning and finishing
+batches) go through the same thread, so SQLite never sees two writers. Reads use a
+second connection: WAL lets them run while the writer commits.
+
+`plan_batch` durably fixes which seqs form the next shipped file before a byte of it is
+written (shipping.py), so a batch re-shipped after a crash is the same file under the
+same key: that is what makes shipping exactly-once.
+
+Tables:
+  meta(key, value)             the gateway id (made once) and the last seq handed out
+  records(seq, appended_at, size, record)   the JSON of records not yet shipped
+  calls(id, seq)               every call ever logged: feedback joins to it after shipping
+  feedback(id, seq, record)    every feedback ever logged; the JSON is kept so a repeated
+                               feedback gets the stored one back even after shipping
+  batches(first_seq, last_seq, key, shipped_at)
+
+Deliberately not here: HTTP, the file format on the landing side (shipping.py), and
+pruning of calls/feedback/batches, which grow by one small row per record.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import queue
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from tasks.ingest.gateway_records import GATEWAY_FOLDER, RECORD_TYPES
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY, appended_at REAL NOT NULL, size INTEGER NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, key TEXT NOT NULL, shipped_at REAL);
+"""
+# Batches are contiguous and planned in seq order, so the newest one bounds what is batched.
+_LAST_BATCHED = "coalesce((SELECT last_seq FROM batches ORDER BY first_seq DESC LIMIT 1), 0)"
+
+
+class UnknownCall(LookupError):
+    """Feedback names a completion id that this spool never logged."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Records first_seq..last_seq, shipped as one file."""
+    first_seq: int
+    last_seq: int
+    key: str
+    """Relative to the landing prefix: gateway/<gateway id>/<first_seq>-<last_seq>.jsonl.gz."""
+
+
+@dataclass(frozen=True)
+class _Job:
+    run: Callable[[sqlite3.Connection], Any]
+    done: Future
+
+
+_STOP = object()
+
+
+class Spool:
+    def __init__(self, folder: Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / "spool.sqlite"
+        self._lock_file = _lock_exclusively(folder / "spool.lock")
+        self._writer = _connect(self.path)
+        self._writer.executescript(_SCHEMA)
+        self.gateway_id, self._last_seq = _load_meta(self._writer)
+        self._reader = _connect(self.path)
+        self._read_lock = threading.Lock()
+        self.commits = 0
+        """Transactions the writer committed; far fewer than appends under concurrency."""
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._write_forever, name="spool-writer", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- appends (request handlers) --------------------------------------------------
+
+    async def append_call(self, record: dict) -> int:
+        """Log an answered call; once this returns, the record is committed to disk.
+        Sets record["seq"] and record["gateway"] and returns the seq."""
+        _check_record(record, "call")
+        seq = await asyncio.wrap_future(self._enqueue(partial(self._insert_call, record)))
+        record["seq"], record["gateway"] = seq, self.gateway_id
+        return seq
+
+    async def append_feedback(self, record: dict) -> tuple[dict, bool]:
+        """(stored record, created). Feedback for a completion that already has some is
+        not written again: the stored one comes back with created=False. Raises
+        UnknownCall when no call with record["id"] was logged."""
+        _check_record(record, "feedback")
+        stored, created = await asyncio.wrap_future(self._enqueue(partial(self._insert_feedback, record)))
+        if created:
+            record["seq"], record["gateway"] = stored["seq"], stored["gateway"]
+        return stored, created
+
+    # -- the shipper's side (call from a plain thread: these block) ------------------
+
+    def plan_batch(self, max_records: int | None = None) -> Batch | None:
+        """Durably group the oldest un-batched records (all, or at most `max_records`)
+        into the next batch; None when nothing is pending."""
+        if max_records is not None and max_records < 1:
+            raise ValueError(f"max_records must be a positive number or None (all), got {max_records!r}")
+        return self._enqueue(partial(self._insert_batch, max_records)).result()
+
+    def mark_shipped(self, batch: Batch) -> None:
+        """Record that `batch` is landed and drop its records' JSON (the call and
+        feedback index rows stay)."""
+        self._enqueue(partial(_finish_batch, batch)).result()
+
+    def unshipped_batches(self) -> list[Batch]:
+        """Batches planned but not marked shipped, oldest first: what a crash left behind."""
+        rows = self._read("SELECT first_seq, last_seq, key FROM batches WHERE shipped_at IS NULL ORDER BY first_seq")
+        return [Batch(*row) for row in rows]
+
+    def batch_lines(self, batch: Batch) -> list[str]:
+        """The JSON text of the batch's records, in seq order."""
+        rows = self._read("SELECT record FROM records WHERE seq BETWEEN ? AND ? ORDER BY seq",
+                          (batch.first_seq, batch.last_seq))
+        return [text for (text,) in rows]
+
+    def has_call(self, completion_id: str) -> bool:
+        return bool(self._read("SELECT 1 FROM calls WHERE id = ?", (completion_id,)))
+
+    def pending(self) -> tuple[int, int, float | None]:
+        """(records not in any batch, their JSON bytes, time.time() of the oldest one's
+        append or None)."""
+        # One statement, so the three numbers come from one snapshot.
+        [(count, size, oldest)] = self._read(
+            f"SELECT count(*), coalesce(sum(size), 0), min(appended_at) FROM records WHERE seq > {_LAST_BATCHED}")
+        return count, size, oldest
+
+    def close(self) -> None:
+        """Finish what was handed to the writer, then close. Idempotent."""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._jobs.put(_STOP)
+        self._thread.join()
+        with self._read_lock:
+            self._reader.close()
+        self._lock_file.close()
+
+    # -- the writer thread -----------------------------------------------------------
+
+    def _enqueue(self, run: Callable[[sqlite3.Connection], Any]) -> Future:
+        done: Future = Future()
+        # Under the lock, so no job can be queued behind _STOP and never answered.
+        with self._closing:
+            if self._closed:
+                raise RuntimeError(f"the spool {self.path} is closed; nothing more can be appended")
+            self._jobs.put(_Job(run, done))
+        return done
+
+    def _write_forever(self) -> None:
+        stopping = False
+        while not stopping:
+            group = [self._jobs.get()]
+            while True:  # everything that queued up during the last commit joins this one
+                try:
+                    group.append(self._jobs.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = any(job is _STOP for job in group)
+            self._commit_group([job for job in group if job is not _STOP])
+        self._writer.close()
+
+    def _commit_group(self, group: list[_Job]) -> None:
+        # A caller that gave up (its asyncio task was cancelled) before we start is skipped:
+        # its response is never released, so its record must not be logged either.
+        group = [job for job in group if job.done.set_running_or_notify_cancel()]
+        if not group:
+            return
+        committed_seq = self._last_seq
+        try:
+            self._writer.execute("BEGIN IMMEDIATE")
+            outcomes = [self._run_job(job) for job in group]
+            if self._last_seq != committed_seq:
+                self._writer.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (str(self._last_seq),))
+            self._writer.execute("COMMIT")
+            self.commits += 1
+        except Exception as exc:  # the disk or database failed: nothing in this group is durable
+            if self._writer.in_transaction:
+                self._writer.execute("ROLLBACK")
+            self._last_seq = committed_seq
+            for job in group:
+                job.done.set_exception(exc)
+            return
+        for job, (ok, value) in zip(group, outcomes):
+            if ok:
+                job.done.set_result(value)
+            else:
+                job.done.set_exception(value)
+
+    def _run_job(self, job: _Job) -> tuple[bool, Any]:
+        """(True, result) or (False, exception); a failed job leaves no trace in the group."""
+        seq_before = self._last_seq
+        self._writer.execute("SAVEPOINT job")
+        try:
+            value = job.run(self._writer)
+        except Exception as exc:  # one caller's bad record is that caller's error, not the group's
+            self._writer.execute("ROLLBACK TO job")
+            self._writer.execute("RELEASE job")
+            self._last_seq = seq_before
+            return False, exc
+        self._writer.execute("RELEASE job")
+        return True, value
+
+    def _insert_record(self, con: sqlite3.Connection, record: dict) -> dict:
+        self._last_seq += 1
+        stored = {**record, "seq": self._last_seq, "gateway": self.gateway_id}
+        text = json.dumps(stored, allow_nan=False, separators=(",", ":"))  # ASCII, so len is bytes
+        con.execute("INSERT INTO records (seq, appended_at, size, record) VALUES (?, ?, ?, ?)",
+                    (self._last_seq, time.time(), len(text), text))
+        return stored
+
+    def _insert_call(self, record: dict, con: sqlite3.Connection) -> int:
+        seen = con.execute("SELECT seq FROM calls WHERE id = ?", (record["id"],)).fetchone()
+        if seen:
+            raise ValueError(f"call {record['id']!r} is already in the spool (seq {seen[0]}): "
+                             "completion ids must be unique")
+        stored = self._insert_record(con, record)
+        con.execute("INSERT INTO calls (id, seq) VALUES (?, ?)", (record["id"], stored["seq"]))
+        return stored["seq"]
+
+    def _insert_feedback(self, record: dict, con: sqlite3.Connection) -> tuple[dict, bool]:
+        known = con.execute("SELECT record FROM feedback WHERE id = ?", (record["id"],)).fetchone()
+        if known:
+            return json.loads(known[0]), False
+        if not con.execute("SELECT 1 FROM calls WHERE id = ?", (record["id"],)).fetchone():
+            raise UnknownCall(f"no call with completion id {record['id']!r} was logged by gateway "
+                              f"{self.gateway_id}: feedback must name the id a completion returned")
+        stored = self._insert_record(con, record)
+        con.execute("INSERT INTO feedback (id, seq, record) VALUES (?, ?, ?)",
+                    (record["id"], stored["seq"], json.dumps(stored, separators=(",", ":"))))
+        return stored, True
+
+    def _insert_batch(self, max_records: int | None, con: sqlite3.Connection) -> Batch | None:
+        first, last = con.execute(
+            f"SELECT min(seq), max(seq) FROM (SELECT seq FROM records WHERE seq > {_LAST_BATCHED} "
+            "ORDER BY seq LIMIT ?)", (-1 if max_records is None else max_records,)).fetchone()
+        if first is None:
+            return None
+        batch = Batch(first, last, batch_key(self.gateway_id, first, last))
+        con.execute("INSERT INTO batches (first_seq, last_seq, key) VALUES (?, ?, ?)", (first, last, batch.key))
+        return batch
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._read_lock:
+            if self._closed:
+                raise RuntimeError(f"the spool {self.path} is closed")
+            return self._reader.execute(sql, params).fetchall()
+
+
+def batch_key(gateway_id: str, first_seq: int, last_seq: int) -> str:
+    """Deterministic from the bounds, so a re-shipped batch overwrites its own file."""
+    return f"{GATEWAY_FOLDER}{gateway_id}/{first_seq:012d}-{last_seq:012d}.jsonl.gz"
+
+
+def _finish_batch(batch: Batch, con: sqlite3.Connection) -> None:
+    updated = con.execute("UPDATE batches SET shipped_at = ? WHERE first_seq = ? AND last_seq = ?",
+                          (time.time(), batch.first_seq, batch.last_seq)).rowcount
+    if not updated:
+        raise ValueError(f"no batch {batch.first_seq}-{batch.last_seq} was planned in this spool")
+    con.execute("DELETE FROM records WHERE seq BETWEEN ? AND ?", (batch.first_seq, batch.last_seq))
+
+
+def _check_record(record: Any, expected_type: str) -> None:
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be a dict, got {type(record).__name__}")
+    kind = record.get("type")
+    if kind not in RECORD_TYPES:
+        raise ValueError(f"record `type` must be one of {list(RECORD_TYPES)}, got {kind!r}")
+    if kind != expected_type:
+        raise ValueError(f"this method appends {expected_type!r} records, got a {kind!r} record; "
+                         f"use append_{kind}")
+    if not isinstance(record.get("id"), str) or not record["id"]:
+        raise ValueError(f"a {kind} record needs `id`, the completion id as a non-empty string; "
+                         f"got {record.get('id')!r}")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Autocommit mode: the writer's transactions are its explicit BEGIN IMMEDIATE/COMMIT.
+    con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit: durable on power loss too
+    return con
+
+
+def _load_meta(con: sqlite3.Connection) -> tuple[str, int]:
+    """(gateway id, last seq handed out); the id is made on first open and kept for good."""
+    con.execute("BEGIN IMMEDIATE")
+    con.execute("INSERT OR IGNORE INTO meta VALUES ('gateway_id', ?)", (uuid.uuid4().hex[:12],))
+    con.execute("INSERT OR IGNORE INTO meta VALUES ('last_seq', '0')")
+    con.execute("COMMIT")
+    meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+    return meta["gateway_id"], int(meta["last_seq"])
+
+
+def _lock_exclusively(path: Path):
+    """Hold an exclusive lock on the spool for this process's lifetime. The writer counts
+    seqs in memory, so two processes on one spool would hand out the same seq; the kernel
+    drops the lock when the process dies, even by SIGKILL."""
+    handle = open(path, "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise RuntimeError(f"the spool in {path.parent} is in use by another Spool (another gateway "
+                           "process, or an unclosed Spool in this one); give each gateway its own folder") from None
+    return handle

@@ -1,0 +1,87 @@
+"""Managed mode: the gateway serves the lake's production model and follows every promotion.
+
+Every `watch_s` seconds it reads the `models` table. A new production version (promoted
+by the gate, or by `flywheel model promote` for a rollback) gets its own `vllm serve`;
+once that answers, it becomes the primary and the old server is drained and stopped
+(flows/gateway/upstreams.py). With `canary_share > 0`, the newest candidate is served
+beside it and takes that share of calls until the gate decides; a promoted canary is
+already warm and simply takes all traffic.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from flows.gateway.upstreams import Upstream
+from flows.gateway.vllm_serve import ServedModel
+from storage.lake import open_lake
+from tasks.release.models import ModelNotFound, local_model_dir, newest_candidate, production_version
+
+if TYPE_CHECKING:
+    from flows.gateway.app import Gateway
+
+log = logging.getLogger("flywheel.gateway")
+
+
+class ProductionWatch:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.cfg = gateway.cfg
+
+    def _versions(self) -> tuple[str, str | None]:
+        """(production version, newest candidate or None), read from the lake."""
+        con = open_lake(self.gateway.settings, read_only=True)
+        try:
+            production = production_version(con)
+            try:
+                candidate = newest_candidate(con) if self.cfg.canary_share > 0 else None
+            except ModelNotFound:
+                candidate = None
+            return production, candidate
+        finally:
+            con.close()
+
+    def _serve(self, version: str) -> Upstream:
+        con = open_lake(self.gateway.settings, read_only=True)
+        try:
+            model_dir = local_model_dir(self.gateway.settings, con, version)
+        finally:
+            con.close()
+        served = ServedModel.start(model_dir, version, self.gateway.settings.home / "gateway" / "logs",
+                                   max_model_len=self.cfg.serve_max_model_len,
+                                   kv_cache_gib=self.cfg.serve_kv_cache_gib,
+                                   tool_parser=self.cfg.serve_tool_parser).wait_ready()
+        return Upstream(version, served.url, version, served)
+
+    async def first_upstream(self) -> Upstream:
+        production, _candidate = await asyncio.to_thread(self._versions)
+        log.info("gateway: starting vllm serve of production model %s", production)
+        return await asyncio.to_thread(self._serve, production)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.watch_s)
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a lake or start-up hiccup must not stop the watch; next tick retries
+                log.exception("gateway: checking for a new production model failed; retrying")
+
+    async def check(self) -> None:
+        pool, client, drain_s = self.gateway.pool, self.gateway.client, self.cfg.drain_s
+        production, candidate = await asyncio.to_thread(self._versions)
+        if production != pool.primary.version:
+            if pool.canary is not None and pool.canary.version == production:
+                new = pool.canary
+            else:
+                log.info("gateway: production is now %s; starting its server", production)
+                new = await asyncio.to_thread(self._serve, production)
+            await pool.switch(new, client, drain_s)
+        if self.cfg.canary_share <= 0:
+            return
+        current = pool.canary.version if pool.canary is not None else None
+        if candidate != current and candidate != pool.primary.version:
+            new = await asyncio.to_thread(self._serve, candidate) if candidate else None
+            await pool.set_canary(new, self.cfg.canary_share, client, drain_s)

@@ -1,0 +1,297 @@
+"""Failure signals without a person: which gateway calls and feedback are failure logs.
+
+Pure rules over the gateway's records (format: tasks/ingest/gateway_records.py); no I/O.
+An answered call (status 200) failed when its reply broke a constraint the API carried:
+- `response_format` `json_schema`: the reply is not JSON, not an object, or violates the
+  schema (the `json_schema` verifier's own check, so curation judges the log alike);
+- `response_format` `json_object`: the reply is not a JSON object;
+- a tool call: its arguments are not a JSON object matching its tool's `parameters`, or it
+  names no tool of the request (judged only when the request had exactly one tool).
+Negative feedback with a usable correction is a failure too; the correction is its
+reference.
+
+Each failure is an ordinary failure log (docs/architecture.md, "failure-log format"), so
+the normal ingest validates and dedups it. The constraint the API carried outside the
+messages is written into the prompt as a system line: rollouts sample from the messages
+alone, without constrained decoding, and a prompt that does not say "JSON matching this
+schema" asks for something other than what the reference checks.
+
+Not here: whether a reply is right beyond its format (only a person's correction says
+that), and calls that were not answered.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection
+from datetime import datetime
+
+from tasks.ingest.gateway_records import CORRECTION_KINDS, correction_problem, is_negative
+from verifiers import json_schema
+
+JSON_LINE = "Reply with only a JSON object that matches this JSON Schema: {schema}"
+TOOL_LINE = ("Call the tool `{name}`: reply with only its arguments, a JSON object that matches "
+             "this JSON Schema: {schema}")
+OBJECT_SCHEMA = {"type": "object"}
+DETAIL_CHARS = 300
+"""A failure's detail says what broke, not the whole reply."""
+
+
+def call_failures(call: dict) -> list[dict]:
+    """The failure logs of one call record: its reply against its response format, then
+    each of its tool calls against its tool."""
+    if call.get("status") != 200:
+        return []
+    request, message = call["request"], reply_message(call)
+    failures = []
+    schema = response_schema(request)
+    # A reply that only calls tools has not answered yet: the format binds the answer.
+    answered = bool(text_of(message.get("content"))) or not message.get("tool_calls")
+    if schema is not None and answered:
+        problem = object_problem(text_of(message.get("content")), schema)
+        if problem:
+            failures.append(_failure_log(
+                call, "json", kind="json", domain="json", detail=problem, reference={"schema": schema},
+                messages=prompt_messages(request, JSON_LINE.format(schema=json_text(schema))),
+                response=reply_text(message)))
+    tools = request_tools(request)
+    for index, tool_call in enumerate(message.get("tool_calls") or []):
+        failure = _tool_failure(call, tools, tool_call, index)
+        if failure:
+            failures.append(failure)
+    return failures
+
+
+def feedback_failure(feedback: dict, call: dict, domains: Collection[str]) -> dict | None:
+    """The failure log of a negative feedback with a usable correction, or None.
+
+    `domains`: the known domains (the domain map); a correction's `domain` wins when it
+    is one of them.
+    """
+    if not is_trainable(feedback) or call.get("status") != 200:
+        return None
+    correction, request = feedback["correction"], call["request"]
+    kind = next(k for k in CORRECTION_KINDS if k in correction)
+    domain, reference = CORRECTION_REFERENCES[kind](correction, request)
+    if correction.get("domain") in domains:
+        domain = correction["domain"]
+    schema = response_schema(request)
+    constraint = None if schema is None else JSON_LINE.format(schema=json_text(schema))
+    return _failure_log(call, "feedback", kind="feedback", domain=domain, detail=_feedback_detail(feedback),
+                        reference=reference, messages=prompt_messages(request, constraint),
+                        response=reply_text(reply_message(call)))
+
+
+def is_trainable(feedback: dict) -> bool:
+    """Negative with a usable correction: it becomes a failure log once its call is known."""
+    correction = feedback.get("correction")
+    return is_negative(feedback) and correction is not None and correction_problem(correction) is None
+
+
+def interaction_row(call: dict, failure_kinds: list[str]) -> dict:
+    """An `interactions` row (without `batch_id` and `cycle_id`, which the batch adds)."""
+    usage = call.get("usage") if isinstance(call.get("usage"), dict) else {}
+    return {"completion_id": call["id"], "gateway": call.get("gateway"), "seq": call.get("seq"),
+            "ts": parse_ts(call["ts"]), "model_version": call.get("model_version"), "status": call.get("status"),
+            "stream": call.get("stream"), "latency_ms": call.get("latency_ms"),
+            "prompt_tokens": _count(usage.get("prompt_tokens")),
+            "completion_tokens": _count(usage.get("completion_tokens")),
+            "failure_kinds": list(failure_kinds), "request": json_text(call["request"]),
+            "response": None if call.get("response") is None else json_text(call["response"])}
+
+
+def feedback_row(feedback: dict, became_failure: bool) -> dict:
+    """A `feedback` row (without `batch_id` and `cycle_id`)."""
+    score = feedback.get("score")
+    correction = feedback.get("correction")
+    return {"completion_id": feedback["id"], "ts": parse_ts(feedback["ts"]), "label": feedback.get("label"),
+            "score": None if score is None else float(score), "negative": is_negative(feedback),
+            "correction": None if correction is None else json_text(correction),
+            "comment": feedback.get("comment"), "trainable": became_failure}
+
+
+def response_schema(request: dict) -> dict | None:
+    """The JSON Schema a request's `response_format` holds the reply to, or None."""
+    declared = declared_schema(request)
+    if declared is not None:
+        return declared
+    fmt = request.get("response_format")
+    return OBJECT_SCHEMA if isinstance(fmt, dict) and fmt.get("type") == "json_object" else None
+
+
+def declared_schema(request: dict) -> dict | None:
+    """The schema of a `json_schema` response format; one the validator cannot use judges
+    nothing (the request was malformed, not the reply)."""
+    fmt = request.get("response_format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("json_schema"), dict):
+        return None
+    schema = fmt["json_schema"].get("schema")
+    return schema if _usable_schema(schema) else None
+
+
+def request_tools(request: dict) -> dict[str, dict]:
+    """Tool name -> its parameters' schema (a tool without parameters takes an object)."""
+    tools = {}
+    for tool in request.get("tools") or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            tools[function["name"]] = parameters if isinstance(parameters, dict) else OBJECT_SCHEMA
+    return tools
+
+
+def object_problem(text: str, schema: dict) -> str | None:
+    """Why `text` is not exactly one JSON object matching `schema`, or None."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return _short(f"not JSON: {exc}")
+    if not isinstance(value, dict):
+        return f"not a JSON object: a JSON {_json_name(value)}"
+    verdict = json_schema.verify({"schema": schema}, text)
+    return None if verdict.passed else _short(f"violates the schema: {verdict.detail}")
+
+
+def prompt_messages(request: dict, constraint: str | None) -> list[dict]:
+    """The request's messages as plain {role, content} pairs, with `constraint` (a system
+    line) prepended to the first system message, or as a new first one."""
+    messages = [_plain_message(m) for m in request.get("messages") or []]
+    if constraint:
+        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+            messages[0] = {"role": "system", "content": f"{constraint}\n\n{messages[0]['content']}"}
+        else:
+            messages.insert(0, {"role": "system", "content": constraint})
+    return messages
+
+
+def reply_message(call: dict) -> dict:
+    """`choices[0].message` of the call's response ({} when it has none)."""
+    response = call.get("response")
+    choices = response.get("choices") if isinstance(response, dict) else None
+    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+    return message if isinstance(message, dict) else {}
+
+
+def reply_text(message: dict) -> str:
+    """What the model wrote: the text, or its tool calls when it wrote none."""
+    return text_of(message.get("content")) or _tool_calls_text(message.get("tool_calls"))
+
+
+def text_of(content) -> str:
+    """A message content as text: a string, or the text parts of a list of content parts
+    joined by newlines (images and other parts are not text a rollout can sample)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content
+                         if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str))
+    return ""
+
+
+def parse_ts(ts: str) -> datetime:
+    return datetime.fromisoformat(ts)
+
+
+def json_text(value) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tool_failure(call: dict, tools: dict[str, dict], tool_call: dict, index: int) -> dict | None:
+    function = tool_call.get("function") if isinstance(tool_call, dict) else None
+    function = function if isinstance(function, dict) else {}
+    name, arguments = function.get("name"), function.get("arguments")
+    if name in tools:
+        target, problem = name, None
+    elif len(tools) == 1:
+        # With one tool, the model can only have meant that one: the call is judged against
+        # it. With several, which tool (so which schema) it meant is a guess: no failure.
+        (target,) = tools
+        problem = f"called unknown tool `{name}`; the request's only tool is `{target}`"
+    else:
+        return None
+    schema = tools[target]
+    if not _usable_schema(schema):
+        return None
+    text = arguments if isinstance(arguments, str) else "" if arguments is None else json_text(arguments)
+    problem = problem or object_problem(text, schema)
+    if problem is None:
+        return None
+    return _failure_log(
+        call, "tool_call" if index == 0 else f"tool_call:{index}", kind="tool_call", domain="json",
+        detail=_short(f"tool call {index} ({name}): {problem}"), reference={"schema": schema},
+        messages=prompt_messages(call["request"], TOOL_LINE.format(name=target, schema=json_text(schema))),
+        response=text)
+
+
+def _failure_log(call: dict, id_suffix: str, *, kind: str, domain: str, detail: str, reference: dict,
+                 messages: list[dict], response: str) -> dict:
+    return {"id": f"{call['id']}:{id_suffix}", "ts": call["ts"], "model": call.get("model_version"),
+            "domain": domain, "messages": messages, "response": response,
+            "failure": {"kind": kind, "detail": detail}, "reference": reference,
+            "meta": {"source": "gateway", "gateway": call.get("gateway"), "completion_id": call["id"]}}
+
+
+def _answer_reference(correction: dict, request: dict) -> tuple[str, dict]:
+    return "math", {"answer": correction["answer"]}
+
+
+def _tests_reference(correction: dict, request: dict) -> tuple[str, dict]:
+    reference = {"tests": correction["tests"], "entry_point": correction["entry_point"]}
+    if correction.get("solution"):
+        reference["solution"] = correction["solution"]
+    return "code", reference
+
+
+def _object_reference(correction: dict, request: dict) -> tuple[str, dict]:
+    # The call's own schema when it declared one: the corrected object must match it, and
+    # any other object matching it is as right. Without one, only that object is.
+    schema = declared_schema(request)
+    return "json", {"schema": {"const": correction["object"]} if schema is None else schema,
+                    "answer": correction["object"]}
+
+
+# correction kind -> (its default domain, the failure log's reference)
+CORRECTION_REFERENCES: dict[str, Callable[[dict, dict], tuple[str, dict]]] = {
+    "answer": _answer_reference, "tests": _tests_reference, "object": _object_reference,
+}
+
+
+def _feedback_detail(feedback: dict) -> str:
+    if feedback.get("comment"):
+        return _short(f"user feedback: {feedback['comment']}")
+    said = [f"label {feedback['label']}"] if feedback.get("label") else []
+    said += [f"score {feedback['score']}"] if feedback.get("score") is not None else []
+    return f"user feedback: {', '.join(said)}"
+
+
+def _plain_message(message):
+    if not isinstance(message, dict):
+        return message  # ingest quarantines the log and says why
+    role = message.get("role")
+    # `developer` is OpenAI's newer name for the system role.
+    return {"role": "system" if role == "developer" else role,
+            "content": text_of(message.get("content")) or _tool_calls_text(message.get("tool_calls"))}
+
+
+def _tool_calls_text(tool_calls) -> str:
+    """An assistant turn that only called tools, as text: the calls in compact JSON."""
+    if not isinstance(tool_calls, list) or not tool_calls:
+        return ""
+    calls = [c.get("function") for c in tool_calls if isinstance(c, dict)]
+    return json_text([{"name": f.get("name"), "arguments": f.get("arguments")} for f in calls if isinstance(f, dict)])
+
+
+def _usable_schema(schema) -> bool:
+    return isinstance(schema, dict) and json_schema.schema_problem({"schema": schema}) is None
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
+
+
+def _json_name(value) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+            type(None): "null"}.get(type(value), type(value).__name__)

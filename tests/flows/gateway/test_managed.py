@@ -1,0 +1,71 @@
+"""Managed mode: the gateway serves the lake's production model with its own `vllm serve`
+and follows a promotion and a rollback, under load, without failing a call."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from flows.demo.tiny_model import ModelConfig, init_model
+from storage.lake import open_lake
+from storage.settings import LakeSettings
+from tasks.release.models import register_model
+from tests.flows.gateway.conftest import Load, shipped_records, start_gateway
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def wait_for_primary(url: str, version: str, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/health", timeout=5).json()["primary"] == version:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the gateway did not move to {version} in {timeout_s} s")
+
+
+def servers_of(version: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", f"--served-model-name {version}"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_the_gateway_follows_a_promotion_and_a_rollback_without_a_failed_call(tmp_path):
+    home = tmp_path / "home"
+    settings = LakeSettings(home=home)
+    first, second = init_model(tmp_path / "first"), init_model(tmp_path / "second", ModelConfig(seed=1))
+    con = open_lake(settings)
+    old = register_model(con, settings, first, "in production first")
+    con.close()
+    gateway = start_gateway(home, None, timeout_s=400, env={
+        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512"})
+    try:
+        with Load(gateway.url, threads=2, max_calls=100_000, pause_s=0.1) as load:
+            time.sleep(2)
+            con = open_lake(settings)
+            new = register_model(con, settings, second, "promoted")  # the new production model
+            con.close()
+            wait_for_primary(gateway.url, new)
+            time.sleep(2)
+            rollback = subprocess.run([sys.executable, "-m", "flows.cli.app", "model", "promote", old,
+                                       "--reason", "rollback"], capture_output=True, text=True,
+                                      env={**gateway.env, "COLUMNS": "200"})
+            assert rollback.returncode == 0, rollback.stdout + rollback.stderr
+            wait_for_primary(gateway.url, old)
+            time.sleep(2)
+        deadline = time.monotonic() + 60
+        while servers_of(new) and time.monotonic() < deadline:  # drained, then stopped
+            time.sleep(1)
+        assert servers_of(new) == []
+    finally:
+        assert gateway.stop()
+    assert servers_of(old) == []  # the gateway stops the servers it started
+    versions = [version for _id, version in load.answered]
+    print(f"managed swap test: {len(versions)} calls, {len(load.failures)} failed, "
+          f"{versions.count(new)} answered by the promoted model")
+    assert load.failures == []
+    assert versions[0] == old and versions[-1] == old and versions.count(new) > 10
+    logged = {r["id"]: r["model_version"] for r in shipped_records(gateway.landing) if r["type"] == "call"}
+    assert all(logged[completion_id] == version for completion_id, version in load.answered)
