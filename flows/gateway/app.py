@@ -8,6 +8,7 @@
 - `GET /health`: the versions serving; no key needed.
 - `POST /admin/upstream`, `DELETE /admin/canary`: switch the primary or set a canary by hand
   (admin keys only); in managed mode promotions do this on their own (flows/gateway/watch.py).
+  `POST /admin/flush`: ship the spool now rather than at the next size or age mark.
 
 Every check happens before anything reaches the upstream: size (413), key (401), JSON (400),
 shape (422). Keys are compared in constant time and never logged: the call log holds the
@@ -209,6 +210,13 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
         except (UpstreamError, TypeError, ValueError) as exc:
             return error(422, str(exc))
         return gateway.pool.versions()
+
+    @app.post("/admin/flush")
+    async def admin_flush(request: Request):
+        """Ship everything in the spool now (a batch job that must see its calls in the lake)."""
+        if not cfg.admin_key_set or not gateway.authorized(request, cfg.admin_key_set):
+            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        return {"shipped": await asyncio.to_thread(gateway.shipper.ship_all)}
 
     @app.delete("/admin/canary")
     async def admin_canary(request: Request):

@@ -125,7 +125,7 @@ def test_feedback_joins_one_logged_call_and_is_idempotent(gateway):
     assert records[1]["id"] == answer.id and records[1]["correction"] == {"answer": "2"}
 
 
-def test_admin_switch_needs_an_admin_key(gateway, upstreams):
+def test_admin_routes_need_an_admin_key_and_flush_ships_at_once(gateway, upstreams):
     response = httpx.post(f"{gateway.url}/admin/upstream", json={"url": upstreams["v-b"].url},
                           headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 401
@@ -133,6 +133,11 @@ def test_admin_switch_needs_an_admin_key(gateway, upstreams):
                           headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert response.status_code == 422 and "not healthy" in json.dumps(response.json())
     assert httpx.get(f"{gateway.url}/health").json()["primary"] == "v-a"
+    gateway.client().chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=2)
+    assert httpx.post(f"{gateway.url}/admin/flush", headers={"Authorization": f"Bearer {KEY}"}).status_code == 401
+    flushed = httpx.post(f"{gateway.url}/admin/flush", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert len(flushed.json()["shipped"]) == 1 and len(shipped_records(gateway.landing)) == 1  # before any stop
 
 
 def test_signals_in_real_traffic_become_failure_logs_in_the_lake(gateway):
