@@ -62,8 +62,12 @@ def test_the_schema_check_catches_a_broken_file():
 
 def test_the_stack_has_every_service_the_issue_asks_for():
     expected = {"minio", "minio-init", "postgres", "prefect-server", "cpu-worker", "webhook",
-                "dask-scheduler", "dask-worker", "gpu-worker", "mlflow"}
+                "dask-scheduler", "dask-worker", "gpu-worker", "mlflow", "gateway", "vllm"}
     assert expected <= set(SERVICES)
+    assert SERVICES["vllm"]["profiles"] == ["gpu"] and "profiles" not in SERVICES["gateway"]
+    gateway = SERVICES["gateway"]["environment"]
+    assert {"FLYWHEEL_GATEWAY_KEYS", "FLYWHEEL_GATEWAY_UPSTREAM"} <= set(gateway)
+    assert "flywheel-home:/var/lib/flywheel" in SERVICES["gateway"]["volumes"]  # the spool outlives the container
     assert SERVICES["dask-worker"]["deploy"]["replicas"] == 2
     gpu = SERVICES["gpu-worker"]
     assert gpu["profiles"] == ["gpu"]
@@ -95,7 +99,7 @@ def test_every_variable_is_in_env_example_and_every_example_is_used():
 def test_secrets_come_from_env_not_from_the_compose_file():
     for name, svc in SERVICES.items():
         for key, value in (svc.get("environment") or {}).items():
-            if re.search(r"PASSWORD|SECRET|TOKEN", key):
+            if re.search(r"PASSWORD|SECRET|TOKEN|KEYS", key):
                 assert _VAR.search(str(value)), f"{name}: {key} is hard-coded"
 
 
@@ -141,6 +145,9 @@ def _command_paths() -> dict[tuple[str, ...], set[str]]:
         if svc.get("image") not in OUR_IMAGES:
             continue
         argv = svc["command"]
+        if argv[:2] == ["python", "-m"]:  # a module's command line: `python -m vllm.entrypoints...`
+            paths.setdefault(tuple(argv[:3]), set()).update(w for w in argv if w.startswith("--"))
+            continue
         words = tuple(w for w in argv if not w.startswith("-") and "/" not in w and ":" not in w
                       and not w.isdigit() and not w.replace(".", "").isdigit())
         words = words[:3] if words[:2] in {("prefect", "server"), ("prefect", "worker")} else words[:2]
@@ -156,7 +163,7 @@ def _help(path: tuple[str, ...]) -> subprocess.CompletedProcess:
 
 def test_every_service_command_is_a_real_command_with_real_options():
     paths = _command_paths()
-    assert {p[0] for p in paths} <= {"flywheel", "prefect", "dask", "mlflow"}
+    assert {p[0] for p in paths} <= {"flywheel", "prefect", "dask", "mlflow", "python"}
     assert ("flywheel", "serve") in paths and ("flywheel", "webhook") in paths
     with ThreadPoolExecutor(3) as pool:
         helps = dict(zip(paths, pool.map(_help, paths)))
