@@ -180,3 +180,26 @@ def test_signals_in_real_traffic_become_failure_logs_in_the_lake(gateway):
     con.close()
     [rate] = production_failure_rate(LakeSettings(home=gateway.home))
     assert (rate["calls"], rate["failed"], rate["negative_without_correction"]) == (4, 3, 1)
+
+
+def test_a_streamed_tool_call_is_logged_as_the_sdk_assembles_it(gateway):
+    """The log of a stream must equal the chat.completion the `openai` SDK builds from the
+    same chunks (its own accumulator, not ours)."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"]}}}
+    with gateway.client().chat.completions.stream(
+            model="flywheel", messages=[{"role": "user", "content": "Weather?"}], max_tokens=40, tools=[tool],
+            tool_choice={"type": "function", "function": {"name": "lookup"}}) as stream:
+        for _event in stream:
+            pass
+        final = stream.current_completion_snapshot  # as accumulated; a cut answer is not parsed
+    gateway.stop()
+    [record] = shipped_records(gateway.landing)
+    logged = record["response"]["choices"][0]
+    sdk = final.choices[0]
+    assert record["id"] == final.id and logged["finish_reason"] == sdk.finish_reason
+    assert logged["message"]["tool_calls"] and logged["message"]["tool_calls"][0]["function"]["arguments"]
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in logged["message"]["tool_calls"]] \
+        == [(c.id, c.function.name, c.function.arguments) for c in sdk.message.tool_calls]
+    assert (logged["message"]["content"] or "") == (sdk.message.content or "")
