@@ -62,6 +62,9 @@ class Gateway:
         self.watcher: asyncio.Task | None = None
 
     async def start(self) -> None:
+        if not log.handlers:  # swaps and watch errors go where uvicorn's own messages go
+            log.handlers, log.propagate = logging.getLogger("uvicorn.error").handlers, False
+            log.setLevel(logging.INFO)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.upstream_timeout_s, connect=10.0),
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.spool = Spool(spool_folder(self.cfg, self.settings))

@@ -1,5 +1,6 @@
-"""Managed mode: the gateway serves the lake's production model with its own `vllm serve`
-and follows a promotion and a rollback, under load, without failing a call."""
+"""Managed mode: the gateway serves the lake's production model with its own `vllm serve`,
+the newest candidate as a canary, and follows a promotion and a rollback, under load,
+without failing a call."""
 from __future__ import annotations
 
 import subprocess
@@ -12,19 +13,11 @@ import pytest
 from flows.demo.tiny_model import ModelConfig, init_model
 from storage.lake import open_lake
 from storage.settings import LakeSettings
-from tasks.release.models import register_model
+from tasks.release.models import folder_version, record_model, register_model
+from tasks.release.promote import promote
 from tests.flows.gateway.conftest import Load, shipped_records, start_gateway
 
 pytestmark = pytest.mark.timeout(900)
-
-
-def wait_for_primary(url: str, version: str, timeout_s: float = 400) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if httpx.get(f"{url}/health", timeout=5).json()["primary"] == version:
-            return
-        time.sleep(1)
-    raise AssertionError(f"the gateway did not move to {version} in {timeout_s} s")
 
 
 def servers_of(version: str) -> list[str]:
@@ -32,7 +25,16 @@ def servers_of(version: str) -> list[str]:
     return found.stdout.split()
 
 
-def test_the_gateway_follows_a_promotion_and_a_rollback_without_a_failed_call(tmp_path):
+def wait_for(url: str, key: str, value, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/health", timeout=5).json()[key] == value:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the gateway's {key} did not become {value} in {timeout_s} s")
+
+
+def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_without_a_failed_call(tmp_path):
     home = tmp_path / "home"
     settings = LakeSettings(home=home)
     first, second = init_model(tmp_path / "first"), init_model(tmp_path / "second", ModelConfig(seed=1))
@@ -40,20 +42,29 @@ def test_the_gateway_follows_a_promotion_and_a_rollback_without_a_failed_call(tm
     old = register_model(con, settings, first, "in production first")
     con.close()
     gateway = start_gateway(home, None, timeout_s=400, env={
-        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512"})
+        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512",
+        "FLYWHEEL_GATEWAY_CANARY_SHARE": "0.3"})
     try:
         with Load(gateway.url, threads=2, max_calls=100_000, pause_s=0.1) as load:
             time.sleep(2)
             con = open_lake(settings)
-            new = register_model(con, settings, second, "promoted")  # the new production model
+            new = folder_version(second)  # a trained model waiting for the gate: the canary
+            record_model(con, settings, second, new, "candidate", "trained", str(second), new, "test")
             con.close()
-            wait_for_primary(gateway.url, new)
+            wait_for(gateway.url, "canary", new)
+            time.sleep(4)
+            canary_calls = len(load.answered)
+            con = open_lake(settings)
+            promote(con, new, "the gate said so", manual=False)
+            con.close()
+            wait_for(gateway.url, "primary", new, timeout_s=120)
+            assert len(servers_of(new)) == 1  # the canary was already warm: no second server
             time.sleep(2)
             rollback = subprocess.run([sys.executable, "-m", "flows.cli.app", "model", "promote", old,
                                        "--reason", "rollback"], capture_output=True, text=True,
                                       env={**gateway.env, "COLUMNS": "200"})
             assert rollback.returncode == 0, rollback.stdout + rollback.stderr
-            wait_for_primary(gateway.url, old)
+            wait_for(gateway.url, "primary", old)
             time.sleep(2)
         deadline = time.monotonic() + 60
         while servers_of(new) and time.monotonic() < deadline:  # drained, then stopped
@@ -63,9 +74,11 @@ def test_the_gateway_follows_a_promotion_and_a_rollback_without_a_failed_call(tm
         assert gateway.stop()
     assert servers_of(old) == []  # the gateway stops the servers it started
     versions = [version for _id, version in load.answered]
+    during_canary = versions[:canary_calls]
     print(f"managed swap test: {len(versions)} calls, {len(load.failures)} failed, "
-          f"{versions.count(new)} answered by the promoted model")
+          f"{versions.count(new)} answered by the canary then promoted model")
     assert load.failures == []
     assert versions[0] == old and versions[-1] == old and versions.count(new) > 10
+    assert 0 < during_canary.count(new) < len(during_canary)  # the canary took a share, not all
     logged = {r["id"]: r["model_version"] for r in shipped_records(gateway.landing) if r["type"] == "call"}
     assert all(logged[completion_id] == version for completion_id, version in load.answered)
