@@ -60,10 +60,11 @@ class Gateway:
         self.pool: UpstreamPool | None = None
         self.client: httpx.AsyncClient | None = None
         self.watcher: asyncio.Task | None = None
+        self.watch = None  # managed mode's ProductionWatch
 
     async def start(self) -> None:
         if not log.handlers:  # swaps and watch errors go where uvicorn's own messages go
-            log.handlers, log.propagate = logging.getLogger("uvicorn.error").handlers, False
+            log.handlers, log.propagate = list(logging.getLogger("uvicorn").handlers), False
             log.setLevel(logging.INFO)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.upstream_timeout_s, connect=10.0),
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
@@ -76,9 +77,9 @@ class Gateway:
         else:
             from flows.gateway.watch import ProductionWatch
 
-            watch = ProductionWatch(self)
-            self.pool = UpstreamPool(await watch.first_upstream())
-            self.watcher = asyncio.create_task(watch.run())
+            self.watch = ProductionWatch(self)
+            self.pool = UpstreamPool(await self.watch.first_upstream())
+            self.watcher = asyncio.create_task(self.watch.run())
 
     async def external(self, url: str, version: str = "") -> Upstream:
         """An upstream the gateway does not own, named by URL; its version is `version` or
@@ -90,6 +91,7 @@ class Gateway:
     async def stop(self) -> None:
         if self.watcher is not None:
             self.watcher.cancel()
+            await asyncio.to_thread(self.watch.close)
         if self.shipper is not None:
             await asyncio.to_thread(self.shipper.stop)  # ships everything still in the spool
         if self.spool is not None:

@@ -34,7 +34,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a set of servers still starting holds them
 class ServedModel:
     version: str
     url: str

@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from flows.gateway.upstreams import Upstream
-from flows.gateway.vllm_serve import ServedModel
+from flows.gateway.vllm_serve import ServedModel, ServeError
 from storage.lake import open_lake
 from tasks.release.models import ModelNotFound, local_model_dir, newest_candidate, production_version
 
@@ -28,6 +28,10 @@ class ProductionWatch:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.cfg = gateway.cfg
+        self.starting: set[ServedModel] = set()
+        """Servers still coming up in a worker thread: a stopping gateway stops them too,
+        or they would outlive it (a thread cannot be cancelled)."""
+        self.closed = False
 
     def _versions(self) -> tuple[str, str | None]:
         """(production version, newest candidate or None), read from the lake."""
@@ -48,11 +52,27 @@ class ProductionWatch:
             model_dir = local_model_dir(self.gateway.settings, con, version)
         finally:
             con.close()
+        if self.closed:
+            raise ServeError("the gateway is stopping")
         served = ServedModel.start(model_dir, version, self.gateway.settings.home / "gateway" / "logs",
                                    max_model_len=self.cfg.serve_max_model_len,
                                    kv_cache_gib=self.cfg.serve_kv_cache_gib,
-                                   tool_parser=self.cfg.serve_tool_parser).wait_ready()
+                                   tool_parser=self.cfg.serve_tool_parser)
+        self.starting.add(served)
+        try:
+            served.wait_ready()
+        finally:
+            self.starting.discard(served)
+        if self.closed:  # stopped while it came up
+            served.stop()
+            raise ServeError("the gateway is stopping")
         return Upstream(version, served.url, version, served)
+
+    def close(self) -> None:
+        """Stop every server still starting; nothing starts after this."""
+        self.closed = True
+        for served in list(self.starting):
+            served.stop()
 
     async def first_upstream(self) -> Upstream:
         production, _candidate = await asyncio.to_thread(self._versions)

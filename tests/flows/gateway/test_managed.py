@@ -8,6 +8,7 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 
 from flows.demo.tiny_model import ModelConfig, init_model
@@ -20,9 +21,14 @@ from tests.flows.gateway.conftest import Load, shipped_records, start_gateway
 pytestmark = pytest.mark.timeout(900)
 
 
-def servers_of(version: str) -> list[str]:
-    found = subprocess.run(["pgrep", "-f", f"--served-model-name {version}"], capture_output=True, text=True)
-    return found.stdout.split()
+def servers_of(version: str) -> list[int]:
+    """Pids of the `vllm serve` processes serving `version`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        argv = process.info["cmdline"] or []
+        if "--served-model-name" in argv and argv[argv.index("--served-model-name") + 1:][:1] == [version]:
+            found.append(process.pid)
+    return found
 
 
 def wait_for(url: str, key: str, value, timeout_s: float = 400) -> None:
@@ -52,6 +58,7 @@ def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_w
             record_model(con, settings, second, new, "candidate", "trained", str(second), new, "test")
             con.close()
             wait_for(gateway.url, "canary", new)
+            assert len(servers_of(old)) == 1 and len(servers_of(new)) == 1
             time.sleep(4)
             canary_calls = len(load.answered)
             con = open_lake(settings)
