@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from flows.gateway.spool import Spool
 from flows.gateway.streams import StreamAssembly, is_final
@@ -95,12 +96,32 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
         await response.aclose()
         await lease.__aexit__(None, None, None)
         return passthrough(response)
-    events = _relay(response, lease, upstream, request, model_name, spool, call, wants_usage)
-    return StreamingResponse(events, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
+    release = _Release(response, lease)
+    events = _relay(response, release, upstream, request, model_name, spool, call, wants_usage)
+    # The background task runs after the stream, even when the client hung up before its
+    # first byte (then the generator never ran, and its `finally` with it).
+    return StreamingResponse(events, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version},
+                             background=BackgroundTask(release))
 
 
-async def _relay(response: httpx.Response, lease, upstream: Upstream, request: dict, model_name: str, spool: Spool,
-                 call: tuple[str, float, str], wants_usage: bool) -> AsyncIterator[bytes]:
+class _Release:
+    """Close the upstream stream and return the lease, once, whoever gets there first."""
+
+    def __init__(self, response: httpx.Response, lease) -> None:
+        self.response, self.lease, self.done = response, lease, False
+
+    async def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            await self.response.aclose()
+        finally:
+            await self.lease.__aexit__(None, None, None)
+
+
+async def _relay(response: httpx.Response, release: _Release, upstream: Upstream, request: dict, model_name: str,
+                 spool: Spool, call: tuple[str, float, str], wants_usage: bool) -> AsyncIterator[bytes]:
     received, started, completion_id = call
     assembly, held = StreamAssembly(), []
     try:
@@ -129,5 +150,4 @@ async def _relay(response: httpx.Response, lease, upstream: Upstream, request: d
             yield event
         yield b"data: [DONE]\n\n"
     finally:
-        await response.aclose()
-        await lease.__aexit__(None, None, None)
+        await release()

@@ -86,7 +86,8 @@ class UpstreamPool:
 
     def versions(self) -> dict:
         return {"primary": self.primary.version, "canary": self.canary.version if self.canary else None,
-                "canary_share": self.canary_share if self.canary else 0.0}
+                "canary_share": self.canary_share if self.canary else 0.0,
+                "in_flight": sum(u.in_flight for u in {self.primary, self.canary, *self.retiring} if u)}
 
     async def switch(self, new: Upstream, client: httpx.AsyncClient, drain_s: float) -> None:
         """Make `new` the primary once it is healthy; drain and stop the old primary."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -203,3 +204,19 @@ def test_a_streamed_tool_call_is_logged_as_the_sdk_assembles_it(gateway):
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in logged["message"]["tool_calls"]] \
         == [(c.id, c.function.name, c.function.arguments) for c in sdk.message.tool_calls]
     assert (logged["message"]["content"] or "") == (sdk.message.content or "")
+
+
+def test_a_client_hanging_up_on_a_stream_gives_its_upstream_lease_back(gateway):
+    body = {"model": "flywheel", "messages": [{"role": "user", "content": "Count."}], "max_tokens": 200,
+            "stream": True}
+    for _ in range(3):
+        with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body,
+                          headers={"Authorization": f"Bearer {KEY}"}) as response:
+            assert response.status_code == 200  # hang up after the headers, before any chunk
+    for _ in range(50):
+        if httpx.get(f"{gateway.url}/health").json()["in_flight"] == 0:
+            break
+        time.sleep(0.2)
+    assert httpx.get(f"{gateway.url}/health").json()["in_flight"] == 0
+    gateway.stop()
+    assert shipped_records(gateway.landing) == []  # never answered: not logged
