@@ -220,3 +220,18 @@ def test_a_client_hanging_up_on_a_stream_gives_its_upstream_lease_back(gateway):
     assert httpx.get(f"{gateway.url}/health").json()["in_flight"] == 0
     gateway.stop()
     assert shipped_records(gateway.landing) == []  # never answered: not logged
+
+
+def test_the_gateway_refuses_to_start_without_client_keys_or_with_a_bad_setting(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FLYWHEEL_HOME": str(tmp_path), "FLYWHEEL_CONFIG": str(tmp_path / "none.toml")}
+    env.pop("FLYWHEEL_GATEWAY_KEYS", None)
+    command = [sys.executable, "-m", "flows.cli.app", "gateway", "--upstream", "http://127.0.0.1:9"]
+    no_keys = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert no_keys.returncode == 2 and "FLYWHEEL_GATEWAY_KEYS" in no_keys.stderr
+    bad = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                         env={**env, "FLYWHEEL_GATEWAY_KEYS": "k", "FLYWHEEL_GATEWAY_CANARY_SHARE": "1.5"})
+    assert bad.returncode == 2 and "canary_share" in bad.stderr
