@@ -64,7 +64,8 @@ sft = false
 
 
 def print_demo_table(rows: list[dict], home: Path) -> None:
-    table = Table(title="flywheel demo: production failure rate per cycle, overall and per domain (95% CI)")
+    table = Table(title="flywheel demo: production failure rate per cycle, overall and per domain (95% CI), "
+                        "as the lake measured it from the gateway's logs")
     domains = list(dict.fromkeys(domain for row in rows for domain in row.get("by_domain", {})))
     for name in ("cycle", "production model", "failure rate, all", *domains, "tasks kept", "groups trained",
                  "gate", "seconds per stage", "cycle s", "outside stages"):

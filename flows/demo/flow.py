@@ -3,12 +3,17 @@
 1. build the tiny model and SFT-warm it on 2-digit additions (or, with `--model`, import
    a real instruct model: flows/demo/real_model.py); register it as production;
 2. register evaluation sets (the demo-data sets plus held-out additions);
-3. three times: the production model serves a stream of fresh requests, its failures
-   (with the repeats, leaks and broken lines real logs carry) land as a JSONL file,
-   and `flywheel_cycle` turns them into a candidate that the gate may promote;
-4. serve one last stream and print, per cycle, the production failure rate with its
-   interval, overall and per domain, tasks kept, groups trained, the gate's decision and
-   seconds per stage.
+3. start `flywheel gateway` in managed mode: it serves the production model with
+   `vllm serve` and follows every promotion (flows/demo/production.py);
+4. three times: a stream of fresh requests goes through the gateway with the `openai`
+   SDK; simulated users judge the answers and send feedback, with a correction for each
+   wrong one; the gateway ships its logs to the landing, beside a file of the repeats,
+   leaks and broken lines real logs carry; `flywheel_cycle` ingests them (the failures
+   reach the lake only through the gateway's logs and the signals ingest derives) and
+   turns them into a candidate that the gate may promote;
+5. send one last stream, ingest it, and print, per cycle, the production failure rate
+   the lake measured (overall and per domain, with intervals), tasks kept, groups
+   trained, the gate's decision and seconds per stage.
 """
 from __future__ import annotations
 
@@ -23,11 +28,14 @@ from prefect import flow
 from flows.flywheel import CycleParams, flywheel_cycle
 from storage.config_file import lake_settings
 from storage.lake import open_lake
+from storage.settings import LakeSettings
 from flows.demo.data.generate import DemoDataConfig, generate_demo_data
 from flows.demo.data.domains import sample_task
 from tasks.curate.evalsets import register_evalset
 from tasks.release.models import import_model, local_model_dir, production_version, register_model
-from flows.demo.simulate import TrafficConfig, serve_traffic, write_landing
+from flows.demo.production import measured_rates, running_gateway, serve_traffic
+from flows.demo.simulate import TrafficConfig, write_landing
+from flows.ingest import ingest_flow
 from flows.demo.tiny_model import ModelConfig, init_model
 from flows.demo.sft import SFTConfig, run_sft
 from tasks.cycle.config import cycle_config
@@ -148,14 +156,13 @@ def register_eval_sets(home: Path, cfg: DemoConfig) -> tuple[list[dict], set[str
     return items, prompts
 
 
-def serve(cfg: DemoConfig, seed: int, eval_items: list[dict]):
-    settings = lake_settings()
-    con = open_lake(settings)
-    version = production_version(con)
-    model_dir = local_model_dir(settings, con, version)
-    con.close()
-    traffic = serve_traffic(model_dir, version, cfg.traffic, seed, cycle_config().verify.verifiers, eval_items)
-    return version, traffic
+def production_model(settings: LakeSettings) -> tuple[str, Path]:
+    con = open_lake(settings, read_only=True)
+    try:
+        version = production_version(con)
+        return version, local_model_dir(settings, con, version)
+    finally:
+        con.close()
 
 
 @flow(name="flywheel-demo", log_prints=True)
@@ -171,20 +178,28 @@ def demo_flow(cfg: DemoConfig = DemoConfig()) -> list[dict]:
         version, _new = import_model(con, settings, cfg.model, "float32")
         register_model(con, settings, local_model_dir(settings, con, version), f"demo: imported {cfg.model}")
     con.close()
-    rows = []
-    for c in range(1, cfg.cycles + 2):
-        version, traffic = serve(cfg, seed=c, eval_items=eval_items)
-        row = {"cycle": c, "production": version[:12], "requests": traffic.requests,
-               "failure_rate": traffic.failure_rate, "interval": traffic.interval(),
-               "by_domain": traffic.domain_rates()}
-        if c <= cfg.cycles:
-            write_landing(traffic.lines, home / "landing", f"traffic-{c}")
-            started = time.perf_counter()
-            summary = flywheel_cycle(CycleParams(cycle_id=f"demo-{c}", rounds=cfg.rounds,
-                                                 tasks_per_round=cfg.tasks_per_round,
-                                                 samples_per_task=cfg.samples_per_task,
-                                                 train_steps=cfg.train_steps,
-                                                 eval_samples=cfg.eval_samples))
-            row.update(cycle_seconds=time.perf_counter() - started, summary=summary)
-        rows.append(row)
-    return rows
+    version, model_dir = production_model(settings)
+    served = []
+    with running_gateway(settings, home / "flywheel.toml", cfg.traffic.engine(model_dir).max_model_len) as gateway:
+        print(f"gateway: {gateway.url}/v1 serves {version[:12]} (log: {gateway.log_path})")
+        for c in range(1, cfg.cycles + 2):
+            version, model_dir = production_model(settings)
+            waited = gateway.wait_for(version)
+            print(f"serve {c}: the gateway serves {version[:12]} (waited {waited:.0f} s for its switch)")
+            traffic = serve_traffic(gateway, model_dir, version, cfg.traffic, c, cycle_config().verify.verifiers,
+                                    eval_items)
+            print(f"serve {c}: {traffic.requests} requests in {traffic.seconds:.0f} s; "
+                  f"users marked {traffic.failures} answers bad")
+            row = {"cycle": c, "production": version[:12], "version": version}
+            if c <= cfg.cycles:
+                write_landing(traffic.lines, home / "landing", f"planted-{c}")
+                started = time.perf_counter()
+                summary = flywheel_cycle(CycleParams(cycle_id=f"demo-{c}", rounds=cfg.rounds,
+                                                     tasks_per_round=cfg.tasks_per_round,
+                                                     samples_per_task=cfg.samples_per_task,
+                                                     train_steps=cfg.train_steps,
+                                                     eval_samples=cfg.eval_samples))
+                row.update(cycle_seconds=time.perf_counter() - started, summary=summary)
+            served.append(row)
+    ingest_flow([settings.landing_uri], cycle_id="demo-final")  # the last serve: no cycle ingests it
+    return [{**row, **measured_rates(settings, row["version"], str(row["cycle"]))} for row in served]

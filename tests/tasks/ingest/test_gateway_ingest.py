@@ -122,6 +122,26 @@ def test_a_gateway_file_lands_as_interactions_feedback_and_failure_logs(lake_set
     assert production_failure_rate(lake_settings, "v2") == rates[1:]
 
 
+def test_the_failure_rate_narrows_to_tags_and_splits_by_one(lake_settings, landing):
+    def tagged(n: int, content: str, **metadata) -> dict:
+        return call(n, content, metadata=metadata) if metadata else call(n, content)
+
+    records = [tagged(1, "72", team="a", feature="sums"), tagged(2, "71", team="a", feature="sums"),
+               tagged(3, "72", team="a", feature="tax"), tagged(4, "70", team="b", feature="sums"),
+               tagged(5, "70"), feedback(2, 6, correction={"answer": "72"}), feedback(4, 7), feedback(5, 8)]
+    con = open_lake(lake_settings)
+    ingest_source(con, lake_settings, str(write_gateway_file(landing, records)), CFG, "c1")
+    rates = production_failure_rate(lake_settings, "v1", by_tag="feature")
+    assert [(r["tag"], r["calls"], r["failed"]) for r in rates] == [("sums", 3, 2), ("tax", 1, 0), (None, 1, 1)]
+    [team_a] = production_failure_rate(lake_settings, tags={"team": "a"})
+    assert (team_a["calls"], team_a["failed"], team_a["rate"]) == (3, 1, 1 / 3) and "tag" not in team_a
+    narrowed = production_failure_rate(lake_settings, tags={"team": "a", "feature": "sums"}, by_tag="team")
+    assert [(r["tag"], r["calls"], r["failed"]) for r in narrowed] == [("a", 2, 1)]
+    assert production_failure_rate(lake_settings, tags={"team": "c"}) == []
+    # a key is read as a key: no path of its own reaches another field of the request
+    assert production_failure_rate(lake_settings, tags={"team\" || '": "a"}) == []
+
+
 def test_the_same_file_again_or_a_byte_identical_copy_writes_nothing(lake_settings, landing):
     path = write_gateway_file(landing, first_file_records())
     con = open_lake(lake_settings)
