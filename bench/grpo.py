@@ -59,25 +59,35 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return mean, 1.96 * math.sqrt(var / n)
 
 
-def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int) -> Path:
-    cfg = EngineConfig(backend=args.engine, n=args.group, max_tokens=6, seed=100 + round_idx)
+def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed: int = 0) -> tuple[Path, dict]:
+    """One round: rollouts -> rewards -> a DeepSpeed GRPO job. Returns the trained model
+    and the round's figures (seconds sampling and training, steps, rollout reward)."""
+    t0 = time.perf_counter()
+    cfg = EngineConfig(backend=args.engine, n=args.group, max_tokens=6, seed=100 + round_idx + 1000 * seed)
     samples = generate(model_dir, [prompt(a, b) for a, b in problems], cfg)
     rollouts = work / f"rollouts_{round_idx}.jsonl"
+    total = 0.0
     with rollouts.open("w") as f:
         for s in samples:
             a, b = problems[s.prompt_idx]
             r = reward(a, b, s.text)
+            total += r
             f.write(json.dumps({"task_id": f"{a}+{b}", "sample_idx": s.sample_idx,
                                 "prompt_token_ids": s.prompt_token_ids, "token_ids": s.token_ids,
                                 "logprobs": s.logprobs, "reward": r, "status": "ok" if r else "wrong"}) + "\n")
+    t1 = time.perf_counter()
     job = write_job(work / f"job_{round_idx}", TrainJob(str(model_dir), str(rollouts), GRPOConfig(
         steps=args.steps_per_round, groups_per_step=args.prompts_per_step, lr=args.lr,
-        max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx)))
+        max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx + 1000 * seed)))
     trained = run_training(job, n_procs=args.procs, device="cpu", timeout_s=1800)
     m = read_metrics(job)
-    print(f"  round {round_idx}: rollout reward {sum(x['reward_mean'] for x in m) / len(m):.3f} "
-          f"(trained groups), kept {m[0]['groups_kept']} dropped {m[0]['groups_dropped']}", flush=True)
-    return trained
+    figures = {"sample_s": t1 - t0, "train_s": time.perf_counter() - t1, "steps": len(m),
+               "rollout_reward": total / len(samples)}
+    print(f"  round {round_idx}: rollout reward {figures['rollout_reward']:.3f}, trained groups "
+          f"{sum(x['reward_mean'] for x in m) / len(m):.3f}, kept {m[0]['groups_kept']} dropped "
+          f"{m[0]['groups_dropped']}, {len(m)} steps; {t1 - t0:.0f}s sampling, {figures['train_s']:.0f}s job",
+          flush=True)
+    return trained, figures
 
 
 def main() -> None:
@@ -114,7 +124,7 @@ def main() -> None:
     before = per_problem_accuracy(model, held, eval_cfg)
     t1 = time.perf_counter()
     for r in range(args.rounds):
-        model = grpo_round(model, work, rng.sample(train, args.prompts_per_round), args, r)
+        model, _ = grpo_round(model, work, rng.sample(train, args.prompts_per_round), args, r)
     t2 = time.perf_counter()
     after = per_problem_accuracy(model, held, eval_cfg)
     report(before, after, args, t1 - t0, t2 - t1)
