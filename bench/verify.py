@@ -12,17 +12,20 @@ verifier's own `interpret_run`. The ways:
      its worker's exec, collect and classify code, so the difference is isolation alone:
      the honest upper bound for a warm design;
   3. bubblewrap per run: a fresh `bwrap ... python3 -I -S -c HARNESS` per verification with
-     the workers' bubblewrap flags, less --cap-add (nothing inside builds namespaces) and
-     with size-capped tmpfs on /tmp and /dev/shm as each sandbox run gets; it sets no
-     rlimits or cgroups, which only flatters it;
+     the workers' bubblewrap flags, less --cap-add (nothing inside builds namespaces), with
+     size-capped tmpfs on /tmp and /dev/shm as each sandbox run gets, and the program as
+     pid 1 of its namespace as in a sandbox run (--as-pid-1; bwrap's own init would also
+     be orphaned unreaped, hiding the program's CPU time from us); it sets no rlimits or
+     cgroups, which only flatters it;
   4. bare `python3 -I -S -c HARNESS` per run, no isolation: a reference line.
 Each way runs serially and on `--threads` threads (default: the sandbox pool's width).
 
 A fifth of the cases are wrong answers and a tenth syntax errors; every way must give
 every case the verdict status it was built to get, or the bench stops (a way that
 disagrees is a bug). Absolute times on a shared 2-core machine mean little; the ratios
-are the result. The ways take turns on slices of the cases, so a burst of load from other
-processes lands on all of them; the ratios' spread is their min..max over the slices.
+are the result. The ways take turns on slices of the cases, in an order rotated each
+slice, so a burst of load from other processes lands on all of them; the ratios' spread
+is their min..max over the slices.
 CPU time per run (this process and everything below it) barely moves with other
 processes' load, and cores / CPU-per-run estimates the rate on otherwise idle cores.
 
@@ -33,6 +36,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,7 +62,7 @@ CONFIG = SandboxConfig()
 JOB = {k: v for k, v in asdict(CONFIG).items() if k not in ("isolation", "bwrap_path", "python_path")}
 HARNESS = code._HARNESS_SOURCE  # what code.verify sends to the sandbox
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}  # what bubblewrap leaves a worker
-_HOST_GRACE_S = 5.0
+_HOST_GRACE_S = 5.0  # as the pool's: a margin over the run's own timeout
 
 # The fork server: the zygote's loop, imports and exec, minus every isolation step.
 FORK_SERVER = r"""
@@ -168,12 +172,14 @@ def per_run_bwrap_command() -> list[str]:
     at = cmd.index("--dir")
     cmd[at:at + 2] = ["--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/dev/shm",
                       "--hostname", "sandbox"]
-    return cmd + [PYTHON, "-I", "-S", "-c", HARNESS]
+    return cmd + ["--as-pid-1", PYTHON, "-I", "-S", "-c", HARNESS]
 
 
 def bwrap_path() -> str:
-    import shutil
-    return shutil.which(CONFIG.bwrap_path) or sys.exit(f"bubblewrap not found at {CONFIG.bwrap_path!r}")
+    found = shutil.which(CONFIG.bwrap_path)
+    if found is None:
+        raise SystemExit(f"bubblewrap not found at {CONFIG.bwrap_path!r}; the sandbox needs it too")
+    return found
 
 
 class ForkServers:
@@ -260,7 +266,7 @@ def print_table(n: int, stats: dict) -> None:
         print(f"{label:<34} {n / wall:8.1f} {p50:8.2f} {p99:8.2f} {cpu_ms:11.2f} {cores * 1000 / cpu_ms:19.1f} runs/s")
 
 
-def print_ratios(n: int, stats: dict, threads: int) -> None:
+def print_ratios(stats: dict, threads: int) -> None:
     """sandbox / peer: throughput over all slices, min..max over slices, and from CPU."""
     print("\nratios, flywheel sandbox / peer (runs/s; the same verifications; spread = min..max over slices):")
     for width in (1, threads):
@@ -271,7 +277,7 @@ def print_ratios(n: int, stats: dict, threads: int) -> None:
             overall = sum(w for w, _ in other["slices"]) / sum(w for w, _ in mine["slices"])
             per_slice = [w_other / w_mine for (w_mine, _), (w_other, _) in zip(mine["slices"], other["slices"])]
             by_cpu = sum(c for _, c in other["slices"]) / sum(c for _, c in mine["slices"])
-            print(f"  {way_label('sandbox', width):<13} / {peer:<24} = {overall:5.2f}x "
+            print(f"  {way_label('sandbox', width) + ' / ' + peer:<45} = {overall:5.2f}x "
                   f"(slices {min(per_slice):.2f}..{max(per_slice):.2f}; from CPU {by_cpu:.2f}x){goal}")
 
 
@@ -304,7 +310,9 @@ def main() -> None:
         stats = {label: {"slices": [], "latencies": []} for label, _, _ in runs}
         for r in range(args.rounds):
             chunk = cases[r::args.rounds]
-            for label, fn, width in runs:
+            # Rotating the order spreads what one way leaves behind (the kernel's deferred
+            # teardown of namespaces, a burst of load) over all the ways that follow it.
+            for label, fn, width in runs[r % len(runs):] + runs[:r % len(runs)]:
                 wall, cpu, statuses, latencies = run_slice(fn, chunk, width)
                 check_agreement(label, chunk, statuses)
                 stats[label]["slices"].append((wall, cpu))
@@ -314,7 +322,7 @@ def main() -> None:
     print_table(args.n, stats)
     print(f"  every way gave every case its expected status ({', '.join(sorted({c['expected'] for c in cases}))}); "
           "CPU counts this process and all below it")
-    print_ratios(args.n, stats, args.threads)
+    print_ratios(stats, args.threads)
     print(f"\nload average now {os.getloadavg()[0]:.2f}")
 
 
