@@ -24,10 +24,11 @@ from flows.gateway.vllm_serve import ServedModel, free_port
 KEY, ADMIN_KEY = "sk-test-client-0123456789abcdef", "sk-test-admin-fedcba9876543210"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def upstreams(tmp_path_factory):
     """Two `vllm serve` processes of the tiny model, served as versions v-a and v-b (~45 s,
-    started together)."""
+    started together), stopped when this folder's tests are done: an idle vLLM engine
+    still polls, and the rest of the suite needs the cores."""
     model = init_model(tmp_path_factory.mktemp("gateway-model") / "model")
     logs = tmp_path_factory.mktemp("vllm-logs")
     served = [ServedModel.start(model, version, logs, max_model_len=512) for version in ("v-a", "v-b")]
