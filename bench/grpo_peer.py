@@ -13,7 +13,12 @@ saved once; both arms start from that folder:
 Then the start model and both final models are evaluated on the same held-out problems
 with the same engine and sampling (transformers, temperature 1, G samples, one seed).
 Wall time of an arm covers its sampling and training only, not the shared SFT nor the
-evaluation; the ratios are flywheel/TRL.
+evaluation; the ratios are flywheel/TRL. On 2 cores at load ~2 the two arms took 133 s
+and 108 s and the evaluation about a minute; the 400-step SFT took 8 min at load 3 and
+26 min at load 5, so a second seed passes the first run's folder (printed as "start
+model") as --sft-model. Shared cores swing the times: flywheel samples prompt by prompt,
+many small ops that slow down most when other jobs take the cores (300 s a round at
+load 5-8 against 8 s when quiet), so read the time ratio with the load it prints.
 
 Settings, flywheel (GRPOConfig defaults, bench flags) -> TRL GRPOConfig:
   G samples a prompt -> num_generations; groups_per_step x G -> per_device_train_batch_size
