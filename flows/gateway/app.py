@@ -108,6 +108,14 @@ class Gateway:
         # every key is compared, so timing says nothing about which one almost matched
         return scheme.lower() == "bearer" and sum(hmac.compare_digest(presented, k.encode()) for k in keys) > 0
 
+    def refuse(self, request: Request, admin: bool = False) -> JSONResponse | None:
+        """The 401 for a request without a client key (or an admin key), else None."""
+        if admin and not (self.cfg.admin_key_set and self.authorized(request, self.cfg.admin_key_set)):
+            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        if not admin and not self.authorized(request, self.cfg.client_keys):
+            return error(401, "missing or unknown API key", code="invalid_api_key")
+        return None
+
     async def read_json(self, request: Request) -> dict | JSONResponse:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.cfg.max_request_bytes:
@@ -157,8 +165,8 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request):
-        if not gateway.authorized(request, cfg.client_keys):
-            return error(401, "missing or unknown API key", code="invalid_api_key")
+        if refused := gateway.refuse(request):
+            return refused
         return {"object": "list", "data": [{"id": cfg.model_name, "object": "model", "owned_by": "flywheel",
                                             "created": 0, "version": gateway.pool.primary.version}]}
 
@@ -167,8 +175,8 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
-        if not gateway.authorized(request, cfg.client_keys):
-            return error(401, "missing or unknown API key", code="invalid_api_key")
+        if refused := gateway.refuse(request):
+            return refused
         problem = chat_problem(body, cfg)
         if problem:
             return error(422, problem)
@@ -179,8 +187,8 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
-        if not gateway.authorized(request, cfg.client_keys):
-            return error(401, "missing or unknown API key", code="invalid_api_key")
+        if refused := gateway.refuse(request):
+            return refused
         problem = feedback_problem(body)
         if problem:
             return error(422, problem)
@@ -198,8 +206,8 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
 
     @app.post("/admin/upstream")
     async def admin_upstream(request: Request):
-        if not cfg.admin_key_set or not gateway.authorized(request, cfg.admin_key_set):
-            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        if refused := gateway.refuse(request, admin=True):
+            return refused
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
@@ -219,14 +227,14 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
     @app.post("/admin/flush")
     async def admin_flush(request: Request):
         """Ship everything in the spool now (a batch job that must see its calls in the lake)."""
-        if not cfg.admin_key_set or not gateway.authorized(request, cfg.admin_key_set):
-            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        if refused := gateway.refuse(request, admin=True):
+            return refused
         return {"shipped": await asyncio.to_thread(gateway.shipper.ship_all)}
 
     @app.delete("/admin/canary")
     async def admin_canary(request: Request):
-        if not cfg.admin_key_set or not gateway.authorized(request, cfg.admin_key_set):
-            return error(401, "admin routes need an admin key (FLYWHEEL_GATEWAY_ADMIN_KEYS)", code="invalid_api_key")
+        if refused := gateway.refuse(request, admin=True):
+            return refused
         await gateway.pool.set_canary(None, 0, gateway.client, cfg.drain_s)
         return gateway.pool.versions()
 
