@@ -16,7 +16,9 @@ capped by `max_model_len`; sampling stops at the tokenizer's eos and the chat
 template's end-of-turn token; `dtype="auto"` is bfloat16 on GPU and float32 on CPU.
 The completion budget is per domain (`max_tokens_by_domain`, else `max_tokens`): a
 bare sum needs a few tokens, a reasoned answer or a function hundreds.
-Not here: serving, batching across calls, weight updates in a running engine.
+A cycle keeps one engine warm across its rounds and evaluation, loading each policy's
+weights in place (trainer/warm_engine.py; `warm`); other calls start one per call.
+Not here: serving, batching across calls.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from trainer.model_facts import read_facts
+
+if TYPE_CHECKING:
+    from trainer.warm_engine import WarmEngine
 
 Messages = list[dict[str, str]]
 
@@ -58,7 +63,11 @@ class EngineConfig:
     # of gpu_memory_utilization of all RAM: allocating ~7 GiB was 15 s of every start here,
     # and 1 GiB holds 262k tokens of the tiny demo model. GPU workers ignore it.
     cpu_kv_cache_gib: int = 1
-    timeout_s: float = 900.0  # wall-clock limit for the vLLM worker process
+    timeout_s: float = 900.0  # wall-clock limit for the vLLM worker process (a warm one: per call)
+    # vLLM only: sample with the process's warm engine while one is open (a cycle opens one
+    # for its rounds and evaluation: trainer/warm_engine.py), loading each policy's weights
+    # in place; False: a worker process of its own per call, started cold.
+    warm: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "transformers"):
@@ -109,17 +118,24 @@ Domains = list[str | None] | None  # one per prompt: picks its completion budget
 
 
 def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
-             domains: Domains = None) -> list[Sample]:
+             domains: Domains = None, engine: WarmEngine | None = None) -> list[Sample]:
     """cfg.n samples for each prompt (chat messages), in prompt order then sample order."""
-    return generate_each([(model_dir, prompts)], cfg, [domains])[0]
+    return generate_each([(model_dir, prompts)], cfg, [domains], engine)[0]
 
 
 def generate_each(runs: list[tuple[str | Path, list[Messages]]], cfg: EngineConfig,
-                  domains: list[Domains] | None = None) -> list[list[Sample]]:
-    """`generate` for several (model_dir, prompts) runs; vLLM serves them all from one process."""
+                  domains: list[Domains] | None = None, engine: WarmEngine | None = None) -> list[list[Sample]]:
+    """`generate` for several (model_dir, prompts) runs; vLLM serves them all from one process:
+    `engine`, else the process's shared warm engine when one is open and cfg.warm, else a
+    worker process started for this call."""
     domains = domains or [None] * len(runs)
     if cfg.backend == "vllm":
-        return generate_vllm_each([(Path(m), p) for m, p in runs], cfg, domains)[0]
+        from trainer.warm_engine import shared
+
+        engine = engine or (shared() if cfg.warm else None)
+        vllm_runs = [(Path(m), p) for m, p in runs]
+        return (engine.generate_each(vllm_runs, cfg, domains) if engine
+                else generate_vllm_each(vllm_runs, cfg, domains))[0]
     return [generate_transformers(Path(m), p, cfg, d) for (m, p), d in zip(runs, domains, strict=True)]
 
 
@@ -157,39 +173,59 @@ def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,
 
 def generate_vllm_each(runs: list[tuple[Path, list[Messages]]], cfg: EngineConfig,
                        domains: list[Domains] | None = None) -> tuple[list[list[Sample]], list[dict]]:
-    """Each run's samples plus its timings, from one vLLM worker process."""
-    domains = domains or [None] * len(runs)
-    job_runs = []
-    for (model_dir, prompts), run_domains in zip(runs, domains, strict=True):
-        model_cfg = cfg.for_model(model_dir)
-        job_runs.append({"model_dir": str(model_dir), "prompt_token_ids": encode_prompts(model_dir, prompts),
-                         "max_tokens": budgets(model_cfg, prompts, run_domains),
-                         "max_model_len": model_cfg.max_model_len, "dtype": model_cfg.dtype,
-                         "stop_token_ids": list(read_facts(model_dir).stop_token_ids)})
+    """Each run's samples plus its timings, from one vLLM worker process of their own."""
+    job = job_request(runs, cfg, domains)
     with tempfile.TemporaryDirectory(prefix="flywheel-vllm-") as tmp:
-        job, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
-        job.write_text(json.dumps({"runs": job_runs, "config": asdict(cfg)}))
-        root = str(Path(__file__).resolve().parent.parent)  # so `-m trainer.vllm_worker` resolves
-        env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false",
-                   PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        # The worker process already isolates the engine, so its core runs in that process
-        # rather than spawning another one (which re-imports vLLM: 14 s of a start on 2 cores).
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
+        job_path, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
+        job_path.write_text(json.dumps(job))
         with log.open("w") as log_file:
             try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "trainer.vllm_worker", str(job), str(out)],
-                    stdout=log_file, stderr=subprocess.STDOUT, env=env, timeout=cfg.timeout_s)
+                proc = subprocess.run([sys.executable, "-m", "trainer.vllm_worker", str(job_path), str(out)],
+                                      stdout=log_file, stderr=subprocess.STDOUT, env=worker_env(cfg),
+                                      timeout=cfg.timeout_s)
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"vLLM worker exceeded {cfg.timeout_s}s; log tail:\n"
                                    + log.read_text()[-3000:]) from None
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM worker failed (exit {proc.returncode}); log tail:\n{log.read_text()[-3000:]}")
-        samples = [[Sample(**json.loads(line)) for line in Path(f"{out}.{i}").read_text().splitlines()]
-                   for i in range(len(job_runs))]
-        timings = json.loads(Path(f"{out}.timing.json").read_text())
-    return samples, timings
+        return read_outputs(out, len(runs))
+
+
+def job_request(runs: list[tuple[Path, list[Messages]]], cfg: EngineConfig,
+                domains: list[Domains] | None = None) -> dict:
+    """What the vLLM worker needs for `runs` (trainer/vllm_worker.py): tokenised prompts,
+    each prompt's budget, the model's context, dtype and stop tokens, the config."""
+    domains = domains or [None] * len(runs)
+    job_runs = []
+    for (model_dir, prompts), run_domains in zip(runs, domains, strict=True):
+        model_cfg = cfg.for_model(model_dir)
+        job_runs.append({"model_dir": str(model_dir), "prompt_token_ids": encode_prompts(Path(model_dir), prompts),
+                         "max_tokens": budgets(model_cfg, prompts, run_domains),
+                         "max_model_len": model_cfg.max_model_len, "dtype": model_cfg.dtype,
+                         "stop_token_ids": list(read_facts(model_dir).stop_token_ids)})
+    return {"runs": job_runs, "config": asdict(cfg)}
+
+
+def worker_env(cfg: EngineConfig | None) -> dict[str, str]:
+    """The vLLM worker's environment; without cfg (a warm worker) each engine it builds
+    takes its KV-cache size from its own request's config."""
+    root = str(Path(__file__).resolve().parent.parent)  # so `-m trainer.vllm_worker` resolves
+    env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    # The worker process already isolates the engine, so its core runs in that process
+    # rather than spawning another one (which re-imports vLLM: 14 s of a start on 2 cores).
+    # It is also what lets a warm worker reach its model to reload weights in place.
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if cfg is not None:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gib))
+    return env
+
+
+def read_outputs(out: Path, n_runs: int) -> tuple[list[list[Sample]], list[dict]]:
+    """The samples and timings a worker wrote for a job of n_runs runs."""
+    samples = [[Sample(**json.loads(line)) for line in Path(f"{out}.{i}").read_text().splitlines()]
+               for i in range(n_runs)]
+    return samples, json.loads(Path(f"{out}.timing.json").read_text())
 
 
 def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,
