@@ -80,6 +80,8 @@ class EngineConfig:
             raise ValueError("EngineConfig.cpu_kv_cache_gib must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1]")
+        if not isinstance(self.warm, bool):
+            raise ValueError(f"EngineConfig.warm must be true or false, got {self.warm!r}")
         budgets = {"max_tokens": self.max_tokens, **{f"max_tokens_by_domain[{d!r}]": n
                                                       for d, n in dict(self.max_tokens_by_domain).items()}}
         for name, budget in budgets.items():

@@ -80,6 +80,11 @@ def test_architecture_change_rebuilds_the_engine_on_the_new_model(warm_calls, mo
     assert worst < 1e-4  # the transformers reference on the deep model's own weights
 
 
+def test_warm_is_a_switch():
+    with pytest.raises(ValueError, match="warm must be true or false"):
+        EngineConfig(warm=1)
+
+
 def worker_gone(pid: int) -> bool:
     """Exited (a zombie waiting for its new parent to reap it counts as exited)."""
     try:
