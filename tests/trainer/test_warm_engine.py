@@ -1,6 +1,7 @@
 """The warm engine: one vLLM worker across calls, each new policy's weights loaded in place.
 
-Three engine builds in all (warm start, one rebuild, one cold reference): ~2 minutes.
+Tiny model: three engine builds (warm start, one rebuild, one cold reference); SmolLM2:
+two more. ~90 s in all on 2 idle cores.
 """
 import os
 import signal
@@ -124,3 +125,37 @@ def test_worker_exits_when_its_owner_is_killed():
     finally:
         owner.kill()
         owner.wait()
+
+
+def perturbed_copy(src: Path, dst: Path, scale: float = 0.02) -> Path:
+    """src with every weight moved by scale x its spread: a trained policy's stand-in."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    generator = torch.Generator().manual_seed(0)
+    for path in dst.glob("*.safetensors"):
+        tensors = load_file(path)
+        save_file({k: t + scale * t.std() * torch.randn(t.shape, generator=generator) for k, t in tensors.items()},
+                  path, metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.slow
+def test_reload_on_a_real_model_samples_what_a_fresh_engine_samples(smollm2, tmp_path):
+    """SmolLM2-135M: real sizes take other CPU kernels than the tiny model's."""
+    policy = perturbed_copy(smollm2, tmp_path / "policy")
+    cfg = EngineConfig(n=2, max_tokens=16, temperature=0.7, seed=3)
+    prompts = [[{"role": "user", "content": "What is 17 + 25?"}], [{"role": "user", "content": "Name a colour."}]]
+    with WarmEngine() as engine:
+        before = engine.generate_each([(smollm2, prompts)], cfg)[0][0]
+        (after,), (timing,) = engine.generate_each([(policy, prompts)], cfg)
+    fresh, _ = generate_vllm(policy, prompts, cfg)
+    assert timing["engine"] == "reloaded"
+    assert [s.token_ids for s in before] != [s.token_ids for s in after]
+    assert [s.token_ids for s in after] == [s.token_ids for s in fresh]
+    worst = max(abs(x - y) for a, f in zip(after, fresh) for x, y in zip(a.logprobs, f.logprobs, strict=True))
+    print(f"SmolLM2: max |logprob| difference, reloaded vs fresh: {worst:.2e}")
+    assert worst < 1e-5
