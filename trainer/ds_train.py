@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -75,9 +76,11 @@ def run(job_dir: Path) -> None:
     ref_logp = score_reference(job, groups.rows, pad_id, engine.device)
     start = resume(engine, job, job_dir, rank)
     steps = cfg.steps_for(groups.groups_kept, len(sft_rows))
+    profile_step = int(os.environ.get("FLYWHEEL_PROFILE_STEP", "0"))  # 1-based; 0: none
     for step in range(start, steps):
-        sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id,
-                              sft_rows)
+        with profiled(step + 1 == profile_step and rank == 0, job_dir / "profile.txt"):
+            sums, seconds = timed(train_step, engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id,
+                                  sft_rows)
         sums = reduce_sums(sums, engine.device)
         if rank == 0:
             append_metrics(metrics_path(job_dir), step_metrics(step, sums, groups, cfg, seconds,
@@ -86,6 +89,25 @@ def run(job_dir: Path) -> None:
             engine.save_checkpoint(str(checkpoint_dir(job_dir)), tag=f"step_{step + 1}",
                                    client_state={"step": step + 1})
     export_model(engine, job, job_dir, f"step_{steps}", rank)
+
+
+@contextmanager
+def profiled(enabled: bool, out: Path):
+    """With `enabled`, the torch profiler's table of the block's ops (by device time, else
+    CPU time) goes to `out`: where a step's time goes, e.g. on a GPU worker."""
+    if not enabled:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+        if cuda:
+            torch.cuda.synchronize()
+    out.write_text(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total",
+                                             row_limit=30, max_name_column_width=60))
 
 
 def score_reference(job: TrainJob, rows: list[dict], pad_id: int, device) -> list[list[float]] | None:

@@ -23,7 +23,7 @@ import torch
 
 from trainer.loss import LossAgg, policy_loss
 from trainer.rollout_data import Groups, pad_batch, step_group_order
-from trainer.sft import sft_loss
+from trainer.sft import sft_backward
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,8 @@ def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu:
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage},
         "bf16": {"enabled": on_gpu},
+        # train_step back-propagates piece by piece and reduces once, in step()
+        "managed_gradient_accumulation": False,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -128,9 +130,11 @@ def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu:
 def token_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each next token ([n, L-1]) and, optionally, the policy's entropy there."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logits = logits[:, :-1].float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    # in float32 (bf16 logits on GPU), without a separate float32 copy of the logits
+    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     logp = logp_all.gather(2, batch["input_ids"][:, 1:, None]).squeeze(2)
     entropy = None
     if with_entropy:
@@ -168,29 +172,33 @@ def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: li
                sft_rows: list[dict] = ()) -> dict[str, float]:
     """One optimiser step; returns this rank's sums, reduced across ranks by the caller.
 
-    The rank's rows are cut into length-sorted pieces (`length_pieces`); each piece's
-    loss is weighted to its share of the rank's loss, and one backward over their sum
-    gives the gradient a single padded batch would. The step's SFT rows (trainer/sft.py)
-    add their loss to the same backward.
+    The rank's rows are cut into length-sorted pieces (`length_pieces`), each weighted to
+    its share of the rank's loss and back-propagated as soon as it is computed: gradients
+    add up to those of one padded batch, while memory holds one piece's activations and
+    logits, not the step's (a whole step of 256 rows x 640 tokens ran out of an H200's
+    141 GB even on a 135M model). The step's SFT rows (trainer/sft.py) add their pieces.
+    DeepSpeed runs with managed_gradient_accumulation off: backward only accumulates and
+    step() reduces, so ranks may take different numbers of pieces.
     """
     sums = dict.fromkeys(("kl", "clip_frac", "entropy", "tokens", "all_tokens"), 0.0)
-    loss = None
+    loss = 0.0
     if groups.groups_kept:
-        loss, sums = grpo_loss(engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
-    supervised, sft_sums = sft_loss(engine, list(sft_rows), step, cfg, rank, world, pad_id, engine.device) \
-        if sft_rows else (None, {"sft_nll": 0.0, "sft_tokens": 0.0})
-    if supervised is not None:
-        loss = supervised if loss is None else loss + supervised
-    if loss is None:  # this rank drew no row this step; it still takes part in the all-reduce
-        loss = sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * 0.0
-    engine.backward(loss)
+        loss, sums = grpo_backward(engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
+    sft_sums = {"sft_nll": 0.0, "sft_tokens": 0.0}
+    if sft_rows:
+        sft_part, sft_sums = sft_backward(engine, list(sft_rows), step, cfg, rank, world, pad_id, engine.device)
+        loss += sft_part
+    if not sums["all_tokens"] and not sft_sums["sft_tokens"]:
+        # this rank drew no row this step; a zero gradient keeps its optimiser state in step
+        engine.backward(sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * 0.0)
     engine.step()
-    return {"loss": float(loss.detach()) / world, **sums, **sft_sums}
+    return {"loss": loss / world, **sums, **sft_sums}
 
 
-def grpo_loss(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
-              step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> tuple[torch.Tensor, dict]:
-    """This rank's GRPO loss for the step's groups, and its sums."""
+def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
+                  step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> tuple[float, dict]:
+    """Back-propagate this rank's GRPO loss for the step's groups, piece by piece; returns
+    the loss's value and the sums."""
     idx, n_total = rank_rows(groups, step, cfg, rank, world)
     all_idx, _ = rank_rows(groups, step, cfg, 0, 1)
     total_tokens = float(sum(len(groups.rows[i]["token_ids"]) for i in all_idx if groups.valid[i]))
@@ -200,12 +208,13 @@ def grpo_loss(engine, groups: Groups, old_logp: list[list[float]], ref_logp: lis
         piece_idx = [idx[j] for j in piece]
         piece_loss, piece_sums = piece_loss_and_sums(engine, groups, old_logp, ref_logp, piece_idx, cfg,
                                                      pad_id, total_tokens / world)
-        # dapo divides by the global token count already; the per-sequence means weigh by rows
-        loss = loss + (piece_loss if cfg.loss_agg == "dapo" else piece_loss * len(piece) / len(idx))
+        if cfg.loss_agg != "dapo":
+            # dapo divides by the global token count already. The per-sequence means weigh
+            # by rows, and DeepSpeed averages gradients over ranks: each rank's share.
+            piece_loss = piece_loss * len(piece) * world / n_total
+        engine.backward(piece_loss)
+        loss += float(piece_loss.detach())
         sums = {k: sums[k] + piece_sums[k] for k in sums}
-    if cfg.loss_agg != "dapo":
-        # DeepSpeed averages gradients over ranks: weight each rank's mean by its share.
-        loss = loss * len(idx) * world / n_total
     return loss, sums
 
 
@@ -227,10 +236,12 @@ def piece_loss_and_sums(engine, groups: Groups, old_logp: list[list[float]], ref
                         idx: list[int], cfg: GRPOConfig, pad_id: int,
                         total_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
     rows = [groups.rows[i] for i in idx]
-    batch = {k: v.to(engine.device) for k, v in pad_batch(rows, pad_id).items()}
+    host = pad_batch(rows, pad_id)
+    # spread on the host batch: the device mask would cost a device-to-host sync per row
+    old = spread(host["mask"], [old_logp[i] for i in idx])
+    ref = spread(host["mask"], [ref_logp[i] for i in idx]) if ref_logp is not None else None
+    batch = {k: v.to(engine.device) for k, v in host.items()}
     mask = batch["mask"] & groups.valid[idx].to(engine.device)[:, None]
-    old = spread(batch["mask"], [old_logp[i] for i in idx])
-    ref = spread(batch["mask"], [ref_logp[i] for i in idx]) if ref_logp is not None else None
     logp, entropy = token_logprobs(engine, batch, cfg.temperature, with_entropy=True)
     loss, stats = policy_loss(
         logp, old.to(logp.device), batch["behaviour_logp"], groups.advantages[idx].to(logp.device), mask,
@@ -247,7 +258,7 @@ def spread(mask: torch.Tensor, values: list[list[float]]) -> torch.Tensor:
     """Place per-completion-token values at the mask's positions of a [n, L-1] tensor."""
     out = torch.zeros(mask.shape, dtype=torch.float32)
     for i, vals in enumerate(values):
-        out[i, mask[i].cpu()] = torch.tensor(vals, dtype=torch.float32)
+        out[i, mask[i]] = torch.tensor(vals, dtype=torch.float32)
     return out
 
 

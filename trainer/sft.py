@@ -65,23 +65,23 @@ def step_rows(n_rows: int, per_step: int, step: int, seed: int) -> list[int]:
     return step_group_order(n_rows, per_step, step, seed + 7919) if n_rows else []
 
 
-def sft_loss(model, rows: list[dict], step: int, cfg, rank: int, world: int, pad_id: int,
-             device) -> tuple[torch.Tensor | None, dict[str, float]]:
-    """This rank's share of the step's SFT loss (scaled so DeepSpeed's mean over ranks gives
-    sft_coef x the step's mean token NLL) and its sums (nll, tokens)."""
+def sft_backward(engine, rows: list[dict], step: int, cfg, rank: int, world: int, pad_id: int,
+                 device) -> tuple[float, dict[str, float]]:
+    """Back-propagate this rank's share of the step's SFT loss (scaled so DeepSpeed's mean
+    over ranks gives sft_coef x the step's mean token NLL), piece by piece; returns the
+    loss's value and the sums (nll, tokens)."""
     from trainer.grpo import length_pieces, token_logprobs
 
     order = step_rows(len(rows), cfg.sft_per_step, step, cfg.seed)
     mine = order[rank::world]
-    total = float(sum(len(rows[i]["token_ids"]) for i in order))
-    loss, nll, tokens = None, 0.0, 0.0
+    scale = cfg.sft_coef * world / max(float(sum(len(rows[i]["token_ids"]) for i in order)), 1.0)
+    loss, nll, tokens = 0.0, 0.0, 0.0
     for piece in length_pieces([rows[i] for i in mine], cfg.micro_tokens):
         batch = {k: v.to(device) for k, v in pad_batch([rows[mine[j]] for j in piece], pad_id).items()}
-        logp, _ = token_logprobs(model, batch, cfg.temperature)
+        logp, _ = token_logprobs(engine, batch, cfg.temperature)
         piece_nll = -(logp * batch["mask"]).sum()
-        loss = piece_nll if loss is None else loss + piece_nll
+        engine.backward(piece_nll * scale)
+        loss += float(piece_nll.detach()) * scale
         nll += float(piece_nll.detach())
         tokens += float(batch["mask"].sum())
-    if loss is not None:
-        loss = cfg.sft_coef * loss * world / max(total, 1.0)
     return loss, {"sft_nll": nll, "sft_tokens": tokens}
