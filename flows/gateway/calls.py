@@ -67,7 +67,7 @@ async def complete(request: dict, model_name: str, pool: UpstreamPool, client: h
     async with pool.lease() as upstream:
         try:
             response = await client.post(f"{upstream.url}/v1/chat/completions",
-                                         json={**request, "model": upstream.served_name})
+                                         json=upstream.forward_body(request))
         except httpx.HTTPError as exc:
             return upstream_error(exc, upstream)
     if response.status_code != 200:
@@ -83,8 +83,8 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
     upstream = await lease.__aenter__()
     wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     # usage is always asked for, so the log has it; the client gets it only if it asked
-    forwarded = {**request, "model": upstream.served_name,
-                 "stream_options": {**(request.get("stream_options") or {}), "include_usage": True}}
+    forwarded = upstream.forward_body(
+        request, stream_options={**(request.get("stream_options") or {}), "include_usage": True})
     try:
         response = await client.send(client.build_request("POST", f"{upstream.url}/v1/chat/completions",
                                                           json=forwarded), stream=True)

@@ -39,6 +39,18 @@ class Upstream:
     process: ServedModel | None = field(default=None, repr=False)
     """Set when the gateway started this server itself, so it also stops it."""
     in_flight: int = 0
+    drop_fields: tuple[str, ...] = ()
+    """Request fields removed before forwarding, because this server crashes on them (the
+    client's request is logged as it was sent)."""
+
+    def forward_body(self, request: dict, **overrides) -> dict:
+        """The request as this upstream gets it: its own model name, less drop_fields."""
+        return {**{k: v for k, v in request.items() if k not in self.drop_fields}, "model": self.served_name,
+                **overrides}
+
+    def exited(self) -> bool:
+        """Whether a server the gateway started has died."""
+        return self.process is not None and self.process.process.poll() is not None
 
     def stop(self) -> None:
         if self.process is not None:

