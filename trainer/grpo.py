@@ -56,7 +56,9 @@ class GRPOConfig:
     # Padded tokens per forward of a training step: the step's rows are sorted by length
     # and cut into pieces of at most this many (padded) tokens, so one long prompt does
     # not pad every row to its length. One 200-token word problem among 256 additions
-    # of ~20 tokens made a CPU step 19-43 s instead of ~4 s.
+    # of ~20 tokens made a CPU step 19-43 s instead of ~4 s. It also bounds memory: a piece
+    # holds about five float32 copies of its logits (tokens x vocab x 4 B), 8 GB at 8192
+    # tokens of a 49k vocab; real-model configs on CPU set 2048.
     micro_tokens: int = 8192
     # LoRA (PEFT): 0 = full fine-tuning, the default, chosen by measurement on SmolLM2-135M
     # (2 CPU cores): one forward+backward+AdamW over 8 x 128 tokens in one process took

@@ -37,6 +37,7 @@ CONFIG = textwrap.dedent("""
     [cycle.train.grpo]
     steps = 1
     groups_per_step = 8
+    micro_tokens = 2048  # memory: see REAL_TOML in flows/demo/real_model.py
     temperature = 0.7
     max_tokens = 160
     checkpoint_every = 1
