@@ -1,6 +1,6 @@
 """GRPO against its peer: flywheel's trainer vs TRL's GRPOTrainer, like for like, one run each.
 
-    python bench/grpo_peer.py [--rounds 4] [--seed 0] [--with-vllm] [--sft-model DIR]
+    python bench/grpo_peer.py [--rounds 4] [--seed 0] [--with-vllm] [--sft-model DIR] [--trl-fresh-moments]
 
 One SFT-warmed tiny model (flows/demo, 2-digit additions, as bench/grpo.py makes it) is
 saved once; both arms start from that folder:
@@ -47,7 +47,11 @@ Not matched, by design of either trainer:
 - TIS (tis_cap 2): flywheel weights tokens by pi_old / pi_sampler; with both samplers in
   float32 transformers the weight is ~1. TRL applies its IS correction only with vLLM.
 - Optimiser state: each flywheel round is a fresh DeepSpeed job with fresh AdamW
-  moments; TRL's single run keeps them across rounds.
+  moments; TRL's single run keeps them across rounds. `--trl-fresh-moments` adds a TRL
+  arm whose AdamW state is cleared at each round's first step, to measure what that costs.
+- Steps: both take steps_per_round steps a round (flywheel's metrics.jsonl has a row a
+  step); flywheel keeps ~350-410 of a round's 512 groups, so ~1.3 passes fill its steps
+  (max_epochs=2 would allow 26), some groups twice.
 - Sampling code: the same library and sampling rule, but flywheel's engine samples the
   G samples of one prompt as a batch, prompt after prompt; TRL calls `generate` once on
   the whole round (a real difference in speed, which the wall time includes).
@@ -101,12 +105,19 @@ def trl_config(args, out: Path):
     )
 
 
-def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args) -> dict:
-    """TRL's arm: one GRPOTrainer run; the trained model saved to `out` with the start's tokenizer."""
+def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args, fresh_moments: bool = False) -> dict:
+    """TRL's arm: one GRPOTrainer run; the trained model saved to `out` with the start's tokenizer.
+    fresh_moments: clear AdamW's state at each round's first step, as flywheel's job per round does."""
     t0 = time.perf_counter()  # TRL's import counts, as each flywheel job's imports of DeepSpeed do
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOTrainer
+
+    class FreshMoments(TrainerCallback):
+        def on_step_begin(self, _args, state, _control, optimizer=None, **_):
+            if state.global_step and state.global_step % args.steps_per_round == 0:
+                # torch AdamW re-creates step and moments lazily for parameters with no state.
+                getattr(optimizer, "optimizer", optimizer).state.clear()
 
     class TimedTrainer(GRPOTrainer):
         # _generate (tokenise, sample, decode) is what flywheel's "sampling" seconds cover.
@@ -125,6 +136,8 @@ def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args) -
         reward_funcs=exact_answer, args=trl_config(args, out / "trainer"),
         train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(str(start)))
     trainer.remove_callback(PrinterCallback)
+    if fresh_moments:
+        trainer.add_callback(FreshMoments())
     trainer.train()
     trainer.model.save_pretrained(str(out / "model"))
     copy_tokenizer_files(start, out / "model")
@@ -205,6 +218,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--eval-samples", type=int, default=8)
     p.add_argument("--seed", type=int, default=0, help="the rounds' prompts, sampling and trainer seeds")
     p.add_argument("--with-vllm", action="store_true", help="also run flywheel with vLLM rollouts")
+    p.add_argument("--trl-fresh-moments", action="store_true",
+                   help="also run TRL with AdamW's moments cleared each round, as flywheel's jobs start")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args()
 
@@ -230,6 +245,8 @@ def main() -> None:
     print(f"start model {start}; {threads} torch threads an arm; load {Path('/proc/loadavg').read_text().strip()}")
     figures = {"flywheel (transformers)": lambda: run_flywheel(start, work / "fw", rounds, args, "transformers"),
                "TRL GRPOTrainer": lambda: run_trl(start, work / "trl", rounds, args)}
+    if args.trl_fresh_moments:
+        figures["TRL, fresh AdamW a round"] = lambda: run_trl(start, work / "trl-fresh", rounds, args, True)
     if args.with_vllm:
         figures["flywheel (vLLM rollouts)"] = lambda: run_flywheel(start, work / "fw-vllm", rounds, args, "vllm")
     arms = {}
