@@ -21,9 +21,13 @@ from typing import Literal
 
 import torch
 
+from trainer.logprobs import token_logprobs
 from trainer.loss import LossAgg, policy_loss
-from trainer.rollout_data import Groups, pad_batch, step_group_order
+from trainer.rollout_data import Groups, batch_to, pad_batch, padded_length, step_group_order
 from trainer.sft import sft_backward
+
+
+GRPO_SUMS = ("kl", "clip_frac", "entropy", "tokens", "all_tokens")  # what a step adds up over its tokens
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,16 @@ class GRPOConfig:
     # Padded tokens per forward of a training step: the step's rows are sorted by length
     # and cut into pieces of at most this many (padded) tokens, so one long prompt does
     # not pad every row to its length. One 200-token word problem among 256 additions
-    # of ~20 tokens made a CPU step 19-43 s instead of ~4 s. It also bounds memory: a piece
-    # holds about five float32 copies of its logits (tokens x vocab x 4 B), 8 GB at 8192
-    # tokens of a 49k vocab; real-model configs on CPU set 2048.
+    # of ~20 tokens made a CPU step 19-43 s instead of ~4 s. It also bounds a piece's
+    # activations. Architectures outside trainer.logprobs.LINEAR_HEAD_MODELS also hold
+    # about five float32 copies of the piece's logits (8 GB at 8192 tokens of a 49k
+    # vocab). On an H200, 32768 ran Qwen2-0.5B 1.27x faster than 16384 (bench/gpu_train.py).
     micro_tokens: int = 8192
+    # On a GPU, each piece's length is rounded up to a multiple of this: attention
+    # kernels (cuDNN's) build a plan per shape, and exact lengths made nearly every piece
+    # of every step a new shape (host-bound steps; see bench/gpu_train.py). Not on CPU,
+    # where padding is paid in full.
+    gpu_pad_multiple: int = 64
     # LoRA (PEFT): 0 = full fine-tuning, the default, chosen by measurement on SmolLM2-135M
     # (2 CPU cores): one forward+backward+AdamW over 8 x 128 tokens in one process took
     # 7.3 s full, 4.1 s with LoRA r=16 on every projection; but a real 2-step ZeRO-2 job
@@ -93,8 +103,8 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.zero_stage must be 0-3, got {self.zero_stage}")
         if self.checkpoint_every < 1:
             raise ValueError("GRPOConfig.checkpoint_every must be >= 1")
-        if self.micro_tokens < 1:
-            raise ValueError("GRPOConfig.micro_tokens must be >= 1")
+        if self.micro_tokens < 1 or self.gpu_pad_multiple < 1:
+            raise ValueError("GRPOConfig.micro_tokens and gpu_pad_multiple must be >= 1")
         if self.sft_coef < 0 or self.sft_per_step < 1:
             raise ValueError("GRPOConfig.sft_coef must be >= 0 and sft_per_step >= 1")
         if self.max_epochs <= 0:
@@ -129,36 +139,21 @@ def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu:
     }
 
 
-def token_logprobs(model, batch: dict[str, torch.Tensor], temperature: float,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of each next token ([n, L-1]) and, optionally, the policy's entropy there."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-    if temperature != 1.0:
-        logits = logits.float() / temperature
-    # in float32 (bf16 logits on GPU), without a separate float32 copy of the logits
-    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-    logp = logp_all.gather(2, batch["input_ids"][:, 1:, None]).squeeze(2)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(dim=-1)
-    return logp, entropy
-
-
 @torch.no_grad()
 def score_rows(model, rows: list[dict], cfg: GRPOConfig, pad_id: int, device) -> list[list[float]]:
     """The model's logprob of each completion token of each row, in length-sorted pieces
     of at most cfg.micro_tokens padded tokens (and cfg.forward_chunk rows)."""
     out: list[list[float]] = [[] for _ in rows]
-    for piece in length_pieces(rows, cfg.micro_tokens):
+    multiple = pad_multiple(cfg, device)
+    for piece in length_pieces(rows, cfg.micro_tokens, multiple):
         for start in range(0, len(piece), cfg.forward_chunk):
             positions = piece[start:start + cfg.forward_chunk]
             chunk = [rows[i] for i in positions]
-            batch = {k: v.to(device) for k, v in pad_batch(chunk, pad_id).items()}
-            logp, _ = token_logprobs(model, batch, cfg.temperature)
+            batch = batch_to(pad_batch(chunk, pad_id, multiple), device)
+            logp = token_logprobs(model, batch, cfg.temperature)[0].cpu()  # one transfer, not one per row
             for row, (i, r) in enumerate(zip(positions, chunk, strict=True)):
                 p, c = len(r["prompt_token_ids"]), len(r["token_ids"])
-                out[i] = logp[row, p - 1:p + c - 1].float().cpu().tolist()
+                out[i] = logp[row, p - 1:p + c - 1].tolist()
     return out
 
 
@@ -182,31 +177,34 @@ def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: li
     DeepSpeed runs with managed_gradient_accumulation off: backward only accumulates and
     step() reduces, so ranks may take different numbers of pieces.
     """
-    sums = dict.fromkeys(("kl", "clip_frac", "entropy", "tokens", "all_tokens"), 0.0)
-    loss = 0.0
+    loss, sums = 0.0, dict.fromkeys(GRPO_SUMS, 0.0)
     if groups.groups_kept:
         loss, sums = grpo_backward(engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
     sft_sums = {"sft_nll": 0.0, "sft_tokens": 0.0}
     if sft_rows:
         sft_part, sft_sums = sft_backward(engine, list(sft_rows), step, cfg, rank, world, pad_id, engine.device)
-        loss += sft_part
+        loss = loss + sft_part
     if not sums["all_tokens"] and not sft_sums["sft_tokens"]:
         # this rank drew no row this step; a zero gradient keeps its optimiser state in step
         engine.backward(sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * 0.0)
     engine.step()
-    return {"loss": loss / world, **sums, **sft_sums}
+    # The step's figures were summed where they were computed (on a GPU, without waiting
+    # for it); one transfer reads them all.
+    out = {"loss": loss, **sums, **sft_sums}
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float64).to("cpu") for v in out.values()]).tolist()
+    return {**dict(zip(out, values)), "loss": values[0] / world}
 
 
 def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
-                  step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> tuple[float, dict]:
+                  step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> tuple[torch.Tensor, dict]:
     """Back-propagate this rank's GRPO loss for the step's groups, piece by piece; returns
-    the loss's value and the sums."""
+    the loss's value and the sums (0-d tensors on the engine's device; all_tokens, known
+    on the host, a float)."""
     idx, n_total = rank_rows(groups, step, cfg, rank, world)
     all_idx, _ = rank_rows(groups, step, cfg, 0, 1)
     total_tokens = float(sum(len(groups.rows[i]["token_ids"]) for i in all_idx if groups.valid[i]))
-    loss = 0.0
-    sums = dict.fromkeys(("kl", "clip_frac", "entropy", "tokens", "all_tokens"), 0.0)
-    for piece in length_pieces([groups.rows[i] for i in idx], cfg.micro_tokens):
+    loss, sums = 0.0, dict.fromkeys(GRPO_SUMS, 0.0)
+    for piece in length_pieces([groups.rows[i] for i in idx], cfg.micro_tokens, pad_multiple(cfg, engine.device)):
         piece_idx = [idx[j] for j in piece]
         piece_loss, piece_sums = piece_loss_and_sums(engine, groups, old_logp, ref_logp, piece_idx, cfg,
                                                      pad_id, total_tokens / world)
@@ -215,15 +213,15 @@ def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp:
             # by rows, and DeepSpeed averages gradients over ranks: each rank's share.
             piece_loss = piece_loss * len(piece) * world / n_total
         engine.backward(piece_loss)
-        loss += float(piece_loss.detach())
+        loss = loss + piece_loss.detach()
         sums = {k: sums[k] + piece_sums[k] for k in sums}
     return loss, sums
 
 
-def length_pieces(rows: list[dict], max_tokens: int) -> list[list[int]]:
+def length_pieces(rows: list[dict], max_tokens: int, multiple: int = 1) -> list[list[int]]:
     """Positions of `rows`, sorted by length and cut so no piece pads past max_tokens
-    (a row longer than that is a piece of its own)."""
-    lengths = [len(r["prompt_token_ids"]) + len(r["token_ids"]) for r in rows]
+    (a row longer than that is a piece of its own); lengths round up to `multiple`."""
+    lengths = [padded_length(len(r["prompt_token_ids"]) + len(r["token_ids"]), multiple) for r in rows]
     pieces: list[list[int]] = []
     for i in sorted(range(len(rows)), key=lengths.__getitem__):
         # sorted ascending, so the newest row is the piece's longest
@@ -236,24 +234,29 @@ def length_pieces(rows: list[dict], max_tokens: int) -> list[list[int]]:
 
 def piece_loss_and_sums(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
                         idx: list[int], cfg: GRPOConfig, pad_id: int,
-                        total_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
+                        total_tokens: float) -> tuple[torch.Tensor, dict]:
     rows = [groups.rows[i] for i in idx]
-    host = pad_batch(rows, pad_id)
+    host = pad_batch(rows, pad_id, pad_multiple(cfg, engine.device))
     # spread on the host batch: the device mask would cost a device-to-host sync per row
-    old = spread(host["mask"], [old_logp[i] for i in idx])
-    ref = spread(host["mask"], [ref_logp[i] for i in idx]) if ref_logp is not None else None
-    batch = {k: v.to(engine.device) for k, v in host.items()}
-    mask = batch["mask"] & groups.valid[idx].to(engine.device)[:, None]
+    host["old_logp"] = spread(host["mask"], [old_logp[i] for i in idx])
+    if ref_logp is not None:
+        host["ref_logp"] = spread(host["mask"], [ref_logp[i] for i in idx])
+    host["valid"], host["advantages"] = groups.valid[idx], groups.advantages[idx]
+    batch = batch_to(host, engine.device)
+    mask = batch["mask"] & batch["valid"][:, None]
     logp, entropy = token_logprobs(engine, batch, cfg.temperature, with_entropy=True)
     loss, stats = policy_loss(
-        logp, old.to(logp.device), batch["behaviour_logp"], groups.advantages[idx].to(logp.device), mask,
+        logp, batch["old_logp"], batch["behaviour_logp"], batch["advantages"], mask,
         mode=cfg.loss_agg, max_tokens=cfg.max_tokens, eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-        tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef, ref_logp=None if ref is None else ref.to(logp.device),
-        total_tokens=total_tokens)
-    n_tok = float(mask.sum())
+        tis_cap=cfg.tis_cap, kl_coef=cfg.kl_coef, ref_logp=batch.get("ref_logp"), total_tokens=total_tokens)
+    n_tok = mask.sum()
     return loss, {"kl": stats["kl"] * n_tok, "clip_frac": stats["clip_frac"] * n_tok,
-                  "entropy": float((entropy * mask).sum()), "tokens": n_tok,
-                  "all_tokens": float(batch["attention_mask"].sum())}
+                  "entropy": (entropy * mask).sum(), "tokens": n_tok.double(),
+                  "all_tokens": float(host["attention_mask"].sum())}
+
+
+def pad_multiple(cfg: GRPOConfig, device) -> int:
+    return cfg.gpu_pad_multiple if torch.device(device).type == "cuda" else 1
 
 
 def spread(mask: torch.Tensor, values: list[list[float]]) -> torch.Tensor:

@@ -117,7 +117,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, behaviour_logp: torc
                 adv: torch.Tensor, mask: torch.Tensor, *, mode: LossAgg, max_tokens: int,
                 eps_low: float, eps_high: float, tis_cap: float | None,
                 kl_coef: float = 0.0, ref_logp: torch.Tensor | None = None,
-                total_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                total_tokens: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Full GRPO loss for one batch of [n_seqs, T] token logprobs; adv is [n_seqs].
 
     Returns the scalar loss and statistics (kl, clip_frac) over masked tokens.
@@ -135,6 +135,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, behaviour_logp: torc
     loss = aggregate(per_token, mask, mode, max_tokens, total_tokens)
     m = mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
-    stats = {"kl": float((kl_tok.detach() * m).sum() / n),
-             "clip_frac": float((is_clipped.to(m.dtype) * m).sum() / n)}
+    # 0-d tensors, not floats: reading a GPU value waits for the GPU (trainer.grpo reads
+    # a step's statistics once, at its end)
+    stats = {"kl": (kl_tok.detach() * m).sum() / n, "clip_frac": (is_clipped.to(m.dtype) * m).sum() / n}
     return loss, stats

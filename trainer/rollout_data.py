@@ -127,14 +127,15 @@ def step_group_order(n_groups: int, groups_per_step: int, step: int, seed: int) 
     return order[offset:offset + groups_per_step]
 
 
-def pad_batch(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded prompt+completion ids and completion-aligned tensors.
+def pad_batch(rows: list[dict], pad_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion ids and completion-aligned tensors, the length
+    rounded up to a multiple of `multiple`.
 
     Position t of the target tensors ([n, L-1]) holds the token at t+1, predicted by the
     logits at t; `mask` marks completion tokens, `behaviour_logp` holds vLLM's logprobs
     there.
     """
-    length = max(len(r["prompt_token_ids"]) + len(r["token_ids"]) for r in rows)
+    length = padded_length(max(len(r["prompt_token_ids"]) + len(r["token_ids"]) for r in rows), multiple)
     n = len(rows)
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)
     attention = torch.zeros((n, length), dtype=torch.long)
@@ -147,3 +148,16 @@ def pad_batch(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
         mask[i, p - 1:p + c - 1] = True
         behaviour[i, p - 1:p + c - 1] = torch.tensor(r["logprobs"], dtype=torch.float32)
     return {"input_ids": input_ids, "attention_mask": attention, "mask": mask, "behaviour_logp": behaviour}
+
+
+def padded_length(length: int, multiple: int) -> int:
+    return -(-length // multiple) * multiple
+
+
+def batch_to(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """The batch on `device`. To a GPU through pinned memory, without waiting: a plain
+    copy from pageable memory synchronises the stream, so the host could not queue the
+    next kernels while the GPU works."""
+    if torch.device(device).type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-from trainer.rollout_data import RolloutDataError, check_token_columns, pad_batch, step_group_order
+from trainer.rollout_data import RolloutDataError, batch_to, check_token_columns, pad_batch, step_group_order
 
 SFT_COLUMNS = ("task_id", "prompt_token_ids", "token_ids")
 
@@ -66,22 +66,24 @@ def step_rows(n_rows: int, per_step: int, step: int, seed: int) -> list[int]:
 
 
 def sft_backward(engine, rows: list[dict], step: int, cfg, rank: int, world: int, pad_id: int,
-                 device) -> tuple[float, dict[str, float]]:
+                 device) -> tuple[float | torch.Tensor, dict]:
     """Back-propagate this rank's share of the step's SFT loss (scaled so DeepSpeed's mean
     over ranks gives sft_coef x the step's mean token NLL), piece by piece; returns the
-    loss's value and the sums (nll, tokens)."""
-    from trainer.grpo import length_pieces, token_logprobs
+    loss's value and the sums (nll, tokens); the values may be 0-d tensors on `device`."""
+    from trainer.grpo import length_pieces, pad_multiple
+    from trainer.logprobs import token_logprobs
 
     order = step_rows(len(rows), cfg.sft_per_step, step, cfg.seed)
     mine = order[rank::world]
     scale = cfg.sft_coef * world / max(float(sum(len(rows[i]["token_ids"]) for i in order)), 1.0)
-    loss, nll, tokens = 0.0, 0.0, 0.0
-    for piece in length_pieces([rows[i] for i in mine], cfg.micro_tokens):
-        batch = {k: v.to(device) for k, v in pad_batch([rows[mine[j]] for j in piece], pad_id).items()}
+    nll, tokens = 0.0, 0.0
+    multiple = pad_multiple(cfg, device)
+    for piece in length_pieces([rows[i] for i in mine], cfg.micro_tokens, multiple):
+        host = pad_batch([rows[mine[j]] for j in piece], pad_id, multiple)
+        batch = batch_to(host, device)
         logp, _ = token_logprobs(engine, batch, cfg.temperature)
         piece_nll = -(logp * batch["mask"]).sum()
         engine.backward(piece_nll * scale)
-        loss += float(piece_nll.detach()) * scale
-        nll += float(piece_nll.detach())
-        tokens += float(batch["mask"].sum())
-    return loss, {"sft_nll": nll, "sft_tokens": tokens}
+        nll = nll + piece_nll.detach()  # a tensor: reading it would wait for the GPU
+        tokens += float(host["mask"].sum())
+    return nll * scale, {"sft_nll": nll, "sft_tokens": tokens}

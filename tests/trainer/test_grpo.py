@@ -3,7 +3,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.trainer.conftest import score_tokens
-from trainer.grpo import GRPOConfig, deepspeed_config, rank_rows, spread, token_logprobs
+from trainer.grpo import GRPOConfig, deepspeed_config, rank_rows, spread
+from trainer.logprobs import token_logprobs
 from trainer.rollout_data import group_rollouts, pad_batch, read_rollouts
 
 
