@@ -17,7 +17,6 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from storage.objects import ObjectStore
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 
@@ -45,6 +44,10 @@ def open_lake(
     con.execute("SET TimeZone = 'UTC'")
     if settings.uses_s3:
         if not read_only:
+            # imported here, not at the top: a local lake never needs the minio client,
+            # and importing it costs every process that opens one (`flywheel sql` too) 0.1 s
+            from storage.objects import ObjectStore
+
             ObjectStore(settings).ensure_bucket()
         _create_s3_secret(con, settings)
     else:
@@ -60,7 +63,9 @@ def open_lake(
         con.close()
         raise LakeError(_explain_attach_error(exc, settings)) from exc
     con.execute("USE lake")
-    con.execute("SET VARIABLE flywheel_data_path = ?", [settings.data_path])
+    # a literal, not a `?` parameter: DuckDB imports pandas to bind any Python parameter,
+    # a fifth of a second on every open of the lake (`flywheel sql` included)
+    con.execute(f"SET VARIABLE flywheel_data_path = '{_quote(settings.data_path)}'")
     if not read_only:
         ensure_tables(con)
     return con

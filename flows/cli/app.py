@@ -2,6 +2,10 @@
 
 Each command's body lives in its own module of flows/ (`*_cmd.py`); this file only
 wires names to functions so `flywheel --help` reads as the table of contents.
+
+Importing this file imports every command module, so those import what their command
+runs (torch, Prefect, the stages) inside the command: `flywheel sql` and `--help` do not
+wait seconds for libraries they never use (tests/flows/cli/test_app.py holds it).
 """
 import typer
 
@@ -14,10 +18,10 @@ from flows.cli import model as model_admin_cmd
 from flows.cli import serve as serve_cmd
 from flows.cli import sql as sql_cmd
 from flows.cli import verify as verify_cmd
+from flows.cli import webhook as webhook_cmd
 from flows.demo import command as demo_cmd
 from flows.demo import data_command as demo_data_cmd
 from flows.demo import model_command as model_cmd
-from flows.webhook import app as webhook
 
 app = typer.Typer(
     name="flywheel",
@@ -33,7 +37,7 @@ app.command("verify")(verify_cmd.verify_command)
 app.add_typer(evalset_cmd.evalset_app, name="evalset")
 app.command("curate")(curate_cmd.curate_command)
 app.command("serve")(serve_cmd.serve_command)
-app.command("webhook")(webhook.webhook_command)
+app.command("webhook")(webhook_cmd.webhook_command)
 app.command("gateway")(gateway_cmd.gateway_command)
 app.add_typer(model_cmd.model_app, name="model")
 model_cmd.model_app.command("import")(model_admin_cmd.model_import_command)

@@ -9,15 +9,16 @@ from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
-from tasks.curate.coverage import covered_item_count
-from tasks.curate.curation import curate
-from tasks.cycle.config import cycle_config
 
 
 def curate_command(
     cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
 ) -> None:
     """Dedup, decontaminate and self-test new failure logs; write tasks and decisions."""
+    from tasks.curate.coverage import covered_item_count
+    from tasks.curate.curation import curate
+    from tasks.cycle.config import cycle_config
+
     console = Console()
     try:
         cfg = cycle_config().curate

@@ -11,8 +11,6 @@ from rich.table import Table
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
-from tasks.curate.evalsets import EvalsetError, list_evalsets, register_evalset
-from tasks.cycle.config import cycle_config
 
 evalset_app = typer.Typer(help="Register and list evaluation sets (decontamination compares against them).",
                           no_args_is_help=True)
@@ -26,6 +24,9 @@ def add_command(
     cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
 ) -> None:
     """Register FILE as the newest version of NAME; the same file twice is a no-op."""
+    from tasks.curate.evalsets import EvalsetError, register_evalset
+    from tasks.cycle.config import cycle_config
+
     console = Console()
     try:
         verifiers = cycle_config().curate.verifiers  # the domain map curation decontaminates with
@@ -46,6 +47,8 @@ def add_command(
 @evalset_app.command("list")
 def list_command() -> None:
     """Every registered version of every evaluation set."""
+    from tasks.curate.evalsets import list_evalsets
+
     console = Console()
     try:
         with open_lake(lake_settings()) as con:

@@ -8,9 +8,6 @@ import typer
 from rich.console import Console
 
 from storage.config_file import ConfigError, lake_settings
-from storage.objects import ObjectStoreError
-from tasks.cycle.config import cycle_config
-from tasks.ingest.sources import IngestError, discover_sources
 
 
 def ingest_command(
@@ -20,6 +17,10 @@ def ingest_command(
         help="Lines validated and written per step; default: \\[cycle.ingest] chunk_lines.")] = None,
 ) -> None:
     """Validate failure logs and land them in the lake; bad lines go to quarantine."""
+    from storage.objects import ObjectStoreError
+    from tasks.cycle.config import cycle_config
+    from tasks.ingest.sources import IngestError, discover_sources
+
     console = Console()
     try:
         cycle_config()  # a bad flywheel.toml fails here, before Prefect starts

@@ -19,19 +19,23 @@ from rich.table import Table
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
-from tasks.release.models import import_model
-from tasks.release.promote import ModelError, list_models, promote
-from trainer.model_import import DTYPES, ModelImportError
 
 
 def model_import_command(
     source: Annotated[str, typer.Argument(help="A Hugging Face model folder, a .gguf file, or `smollm2`.")],
-    dtype: Annotated[str, typer.Option(help=f"Weights' dtype in the stored folder: {', '.join(DTYPES)}.")]
+    # The choices are trainer.model_import.DTYPES, torch dtypes: listing them here would
+    # import torch for every `flywheel` command, so the refusal of a wrong one lists them.
+    dtype: Annotated[str, typer.Option(help="Weights' dtype in the stored folder (a wrong one is "
+                                       "refused with the choices).")]
     = "float32",
     production: Annotated[bool, typer.Option("--production", help="Also make it the production model.")]
     = False,
 ) -> None:
     """Convert and store a model, record it in `models` (status imported, or production)."""
+    from tasks.release.models import import_model
+    from tasks.release.promote import ModelError, promote
+    from trainer.model_import import ModelImportError
+
     console = Console()
     try:
         con = open_lake(lake_settings())
@@ -57,6 +61,8 @@ def model_import_command(
 
 def model_list_command() -> None:
     """Versions, parents, statuses and headline pass@1 of every model."""
+    from tasks.release.promote import list_models
+
     console = Console()
     try:
         con = open_lake(lake_settings(), read_only=True)
@@ -82,6 +88,8 @@ def model_promote_command(
     reason: Annotated[str, typer.Option("--reason", help="Why; stored with the model.")] = "no reason given",
 ) -> None:
     """Make VERSION the production model by hand (override or rollback), recorded as manual."""
+    from tasks.release.promote import ModelError, promote
+
     console = Console()
     try:
         con = open_lake(lake_settings())

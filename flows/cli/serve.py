@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from flows.deployments import POOLS, ScheduleConfig, load_deployments
 from storage.config_file import ConfigError, lake_settings, load_section
+
+if TYPE_CHECKING:
+    from flows.deployments import ScheduleConfig
 
 NO_SERVER = ("flywheel serve needs a Prefect server: set PREFECT_API_URL, e.g. "
              "PREFECT_API_URL=http://127.0.0.1:4200/api after `prefect server start` "
@@ -36,6 +38,8 @@ def serve_command(
     healthcheck: Annotated[bool, typer.Option(help="Serve the worker's /health on PREFECT_WORKER_WEBSERVER_PORT.")] = False,
 ) -> None:
     """Register flywheel's deployments and schedules with the Prefect server and run a worker."""
+    from flows.deployments import POOLS, ScheduleConfig
+
     console = Console()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if pool not in (*POOLS, "none"):
@@ -86,6 +90,8 @@ async def ensure_pools() -> None:
     from prefect.exceptions import ObjectAlreadyExists
     from prefect.workers.process import ProcessWorker
 
+    from flows.deployments import POOLS
+
     template = ProcessWorker.get_default_base_job_template()
     async with get_client() as client:
         for name in POOLS:
@@ -100,6 +106,8 @@ def register_deployments(schedule: ScheduleConfig, settings, working_dir: str) -
 
     Synchronous on purpose: Prefect's `to_deployment`/`apply` return coroutines when
     called inside an event loop, and plain calls read more simply here."""
+    from flows.deployments import load_deployments
+
     asyncio.run(ensure_pools())
     lines = []
     for deployment in load_deployments(schedule, settings, working_dir):

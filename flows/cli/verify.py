@@ -19,14 +19,15 @@ import logging
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from storage.config_file import ConfigError
-from tasks.cycle.config import cycle_config
-from tasks.round.scoring import verify_rollouts, verify_row
-from verifiers.registry import VerifierConfig
 from verifiers.verdict import failed
+
+if TYPE_CHECKING:
+    from verifiers.registry import VerifierConfig
 
 
 def parse_line(line: str, line_no: int) -> tuple[dict | None, dict | None]:
@@ -47,6 +48,8 @@ def parse_line(line: str, line_no: int) -> tuple[dict | None, dict | None]:
 def verify_lines(lines: list[str], config: VerifierConfig, *, dask: bool, batch_size: int,
                  workers: int, progress: bool) -> list[dict]:
     """One output dict per non-blank input line, in order."""
+    from tasks.round.scoring import verify_rollouts, verify_row
+
     parsed = [parse_line(line, no) for no, line in enumerate(lines, 1) if line.strip()]
     rows = [row for row, _ in parsed if row is not None]
     if dask:
@@ -66,6 +69,8 @@ def verify_command(
     workers: int = typer.Option(2, "--workers", min=1, help="LocalCluster worker processes (no external scheduler)"),
 ) -> None:
     """Verify completions from a JSONL file; one verdict line per input line, in order."""
+    from tasks.cycle.config import cycle_config
+
     if dask:
         # This terminal is for verdicts and the progress bar, not the scheduler's diary.
         logging.getLogger("distributed").setLevel(logging.WARNING)

@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from flows.demo.data.generate import DemoDataConfig, generate_demo_data
-
 
 def demo_data_command(
     out: Annotated[Path, typer.Option("--out", help="Folder to write landing/, evalsets/ and manifest.json into.")],
@@ -17,6 +15,8 @@ def demo_data_command(
     seed: Annotated[int, typer.Option("--seed", help="Same seed, same bytes.")] = 0,
 ) -> None:
     """Generate realistic failure logs with duplicates, near duplicates, eval leaks and bad lines planted."""
+    from flows.demo.data.generate import DemoDataConfig, generate_demo_data
+
     try:
         config = DemoDataConfig(logs=logs, seed=seed)
     except ValueError as err:

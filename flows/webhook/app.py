@@ -20,14 +20,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -36,7 +34,6 @@ from flows.webhook import signatures
 from flows.webhook.deliveries import DeliveryStore
 from flows.deployments import DEPLOYMENTS, IngestParams
 from flows.webhook.s3_events import EventError, landed_objects
-from storage.config_file import ConfigError, lake_settings, load_section
 from storage.settings import LakeSettings
 
 KEY_HEADERS = ("idempotency-key", "x-github-delivery", "x-request-id")
@@ -246,26 +243,3 @@ def create_app(cfg: WebhookConfig, settings: LakeSettings) -> FastAPI:
                                     params.model_dump(exclude_unset=True))
 
     return app
-
-
-def webhook_command(
-    host: Annotated[str, typer.Option(help="Interface to listen on (0.0.0.0 in a container).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    access_log: Annotated[bool, typer.Option(help="Log one line per request.")] = True,
-) -> None:
-    """Serve signed webhooks that trigger flywheel deployments (and MinIO bucket events)."""
-    import uvicorn
-    from prefect.settings import PREFECT_API_URL
-
-    if not PREFECT_API_URL.value():
-        typer.echo("error: flywheel webhook creates runs on a Prefect server: set PREFECT_API_URL "
-                   "(e.g. http://127.0.0.1:4200/api)", err=True)
-        raise typer.Exit(2)
-    try:
-        cfg = load_section(WebhookConfig, "webhook")
-        settings = lake_settings()
-    except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    uvicorn.run(create_app(cfg, settings), host=host, port=port, access_log=access_log, log_level="info")

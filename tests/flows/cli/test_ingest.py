@@ -5,6 +5,11 @@ import json
 
 from typer.testing import CliRunner
 
+# `flywheel ingest` imports Prefect only when it runs, and Prefect's log handler keeps the
+# sys.stderr of its import: inside runner.invoke, a stream closed when the call returns,
+# so the next run's logging fails on it. Importing the flow first binds the handler to
+# pytest's stream; a real `flywheel` process has one stderr throughout.
+import flows.ingest  # noqa: F401
 from flows.cli.app import app
 from tests.tasks.logs import MALFORMED, valid_log, write_logs
 
