@@ -75,3 +75,15 @@ def test_two_process_run_killed_and_resumed_matches_uninterrupted(tmp_path, tiny
     row = read_metrics(straight)[0]
     assert set(row) >= {"loss", "reward_mean", "reward_std", "kl", "entropy", "clip_frac", "resp_len_mean",
                         "groups_kept", "groups_dropped", "tokens_per_s"}
+
+
+def test_a_zero3_job_trains_and_exports(tmp_path, tiny_model, random_rollouts):
+    """ZeRO-3 partitions the head's weight, so the trainer takes the full-logit path there
+    (trainer/logprobs.py: linear_head); the job must still train and export."""
+    cfg = GRPOConfig(steps=2, groups_per_step=4, zero_stage=3, lr=1e-3)
+    job = write_job(tmp_path / "job", TrainJob(str(tiny_model), str(random_rollouts), cfg))
+    wait_training(start_training(job, n_procs=1, device="cpu"), job, timeout_s=300)
+    steps = read_metrics(job)
+    assert [m["step"] for m in steps] == [1, 2] and steps[1]["kl"] > 0  # the policy moved
+    before, after = weights(tiny_model), weights(job / "model")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
