@@ -10,13 +10,21 @@ The gateway mints the completion id (`chatcmpl-` + 32 hex digits) instead of pas
 upstream's on: ids stay unique across upstreams, swaps and replicas, and feedback joins
 to exactly one call. The response names the model the client asked for; the version that
 answered is in the `x-flywheel-model-version` header and in the log.
+
+A call whose upstream cannot be reached, or dies before sending a response head, is sent
+once more, to the pool's other upstream (`send_call`): nothing has reached the client or the
+log yet, so the client just gets its answer from the one that is up, and the log names that
+one. Nothing is retried once a head has arrived: an upstream's own error status reaches the
+client as it was said, and a stream or body that breaks midway fails as it is.
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from datetime import datetime, timezone
 
 import httpx
@@ -28,6 +36,18 @@ from flows.gateway.streams import StreamAssembly, is_final
 from flows.gateway.upstreams import Upstream, UpstreamPool
 
 VERSION_HEADER = "x-flywheel-model-version"
+
+log = logging.getLogger("flywheel.gateway")
+
+# What `client.send(..., stream=True)` raises when no response head came back: the upstream
+# refused or never accepted the connection, reset it, or closed it with the call in flight
+# (a dead server). httpx returns nothing until the whole head is parsed, so a server that
+# dies halfway through writing it (one write in uvicorn) counts as unreached too; its status
+# was never seen. Left out: ReadTimeout and WriteTimeout (the server is alive but slow, and
+# sending its work elsewhere doubles the load on a pool already behind), PoolTimeout and
+# LocalProtocolError (the gateway's own trouble, the other upstream would meet it too).
+UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.ReadError,
+             httpx.RemoteProtocolError)
 
 
 def new_completion_id() -> str:
@@ -45,8 +65,9 @@ def call_record(completion_id: str, received: str, upstream: Upstream, request: 
             "latency_ms": round((time.perf_counter() - started) * 1000, 3), "usage": response.get("usage")}
 
 
-def upstream_error(exc: Exception, upstream: Upstream) -> JSONResponse:
-    return JSONResponse({"error": {"message": f"upstream {upstream.version} failed: {type(exc).__name__}: {exc}",
+def upstream_error(exc: Exception, upstream: Upstream, earlier: str = "") -> JSONResponse:
+    message = f"upstream {upstream.version} failed: {type(exc).__name__}: {exc}"
+    return JSONResponse({"error": {"message": message + (f" (after {earlier})" if earlier else ""),
                                    "type": "upstream_error"}}, status_code=502)
 
 
@@ -59,17 +80,45 @@ def passthrough(response: httpx.Response) -> JSONResponse:
     return JSONResponse(body, status_code=response.status_code)
 
 
+async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient,
+                    **overrides) -> tuple[AsyncExitStack, Upstream, httpx.Response] | JSONResponse:
+    """POST the call to the upstream the pool chooses and, if that one is UNREACHED, once to
+    the pool's other upstream. Returns as soon as a response head is in, with the lease on
+    the upstream that answered (the caller closes it when the call is over), or the 502."""
+    upstream, earlier = pool.choose(), ""
+    while True:
+        try:
+            async with AsyncExitStack() as held:
+                await held.enter_async_context(pool.lease(upstream))
+                response = await client.send(client.build_request(
+                    "POST", f"{upstream.url}/v1/chat/completions", json=upstream.forward_body(request, **overrides)),
+                    stream=True)
+                return held.pop_all(), upstream, response
+        except httpx.HTTPError as exc:
+            other = pool.fallback(upstream) if isinstance(exc, UNREACHED) and not earlier else None
+            if other is None:
+                return upstream_error(exc, upstream, earlier)
+            earlier = f"{upstream.version} failed: {type(exc).__name__}: {exc}"
+            log.warning("gateway: %s; sending the call to %s", earlier, other.version)
+            upstream = other
+
+
 async def complete(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient,
                    spool: Spool) -> JSONResponse | StreamingResponse:
     received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id()
     if request.get("stream"):
         return await _stream(request, model_name, pool, client, spool, (received, started, completion_id))
-    async with pool.lease() as upstream:
+    sent = await send_call(request, pool, client)
+    if isinstance(sent, JSONResponse):
+        return sent
+    lease, upstream, response = sent
+    async with lease:
         try:
-            response = await client.post(f"{upstream.url}/v1/chat/completions",
-                                         json=upstream.forward_body(request))
-        except httpx.HTTPError as exc:
+            await response.aread()
+        except httpx.HTTPError as exc:  # the head came, the body broke: not retried
             return upstream_error(exc, upstream)
+        finally:
+            await response.aclose()
     if response.status_code != 200:
         return passthrough(response)
     body = {**response.json(), "id": completion_id, "model": model_name}
@@ -79,22 +128,17 @@ async def complete(request: dict, model_name: str, pool: UpstreamPool, client: h
 
 async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
                   call: tuple[str, float, str]) -> JSONResponse | StreamingResponse:
-    lease = pool.lease()
-    upstream = await lease.__aenter__()
     wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     # usage is always asked for, so the log has it; the client gets it only if it asked
-    forwarded = upstream.forward_body(
-        request, stream_options={**(request.get("stream_options") or {}), "include_usage": True})
-    try:
-        response = await client.send(client.build_request("POST", f"{upstream.url}/v1/chat/completions",
-                                                          json=forwarded), stream=True)
-    except httpx.HTTPError as exc:
-        await lease.__aexit__(None, None, None)
-        return upstream_error(exc, upstream)
+    sent = await send_call(request, pool, client,
+                           stream_options={**(request.get("stream_options") or {}), "include_usage": True})
+    if isinstance(sent, JSONResponse):
+        return sent
+    lease, upstream, response = sent
     if response.status_code != 200:
-        await response.aread()
-        await response.aclose()
-        await lease.__aexit__(None, None, None)
+        async with lease:
+            await response.aread()
+            await response.aclose()
         return passthrough(response)
     release = _Release(response, lease)
     events = _relay(response, release, upstream, request, model_name, spool, call, wants_usage)
@@ -107,7 +151,7 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
 class _Release:
     """Close the upstream stream and return the lease, once, whoever gets there first."""
 
-    def __init__(self, response: httpx.Response, lease) -> None:
+    def __init__(self, response: httpx.Response, lease: AsyncExitStack) -> None:
         self.response, self.lease, self.done = response, lease, False
 
     async def __call__(self) -> None:
@@ -117,7 +161,7 @@ class _Release:
         try:
             await self.response.aclose()
         finally:
-            await self.lease.__aexit__(None, None, None)
+            await self.lease.aclose()
 
 
 async def _relay(response: httpx.Response, release: _Release, upstream: Upstream, request: dict, model_name: str,

@@ -85,9 +85,14 @@ class UpstreamPool:
             return self.canary
         return self.primary
 
+    def fallback(self, failed: Upstream) -> Upstream | None:
+        """Where a call goes when `failed` could not be reached: the primary, else the canary
+        (read now, not when the call began: a swap or a revived server may have replaced it)."""
+        return next((u for u in (self.primary, self.canary) if u is not None and u is not failed), None)
+
     @asynccontextmanager
-    async def lease(self) -> AsyncIterator[Upstream]:
-        upstream = self.choose()
+    async def lease(self, upstream: Upstream) -> AsyncIterator[Upstream]:
+        """Hold `upstream` (from `choose` or `fallback`) for the life of a call."""
         upstream.in_flight += 1
         try:
             yield upstream

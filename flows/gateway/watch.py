@@ -94,7 +94,8 @@ class ProductionWatch:
 
     async def revive(self) -> None:
         """Start a new server for a primary or canary whose `vllm serve` has died (an engine
-        crash takes the whole server down). Its calls get 502 until the new one answers."""
+        crash takes the whole server down). Until the new one answers, its calls go to the other
+        upstream (flows/gateway/calls.py), or get 502 when there is none."""
         pool, client, drain_s = self.gateway.pool, self.gateway.client, self.cfg.drain_s
         for upstream in (pool.primary, pool.canary):
             if upstream is None or not upstream.exited():
