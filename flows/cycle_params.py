@@ -15,6 +15,7 @@ OVERRIDES = {
     "samples_per_task": "rollout.engine.n",
     "train_steps": "train.grpo.steps",
     "eval_samples": "evaluate.engine.n",
+    "max_staleness": "rollout.max_staleness",
 }
 
 
@@ -33,6 +34,9 @@ class CycleParams(BaseModel):
                                     description="GRPO optimiser steps per round; default: [cycle.train.grpo] steps.")
     eval_samples: int | None = Field(None, ge=1, le=64,
                                      description="Samples per evaluation item; default: [cycle.evaluate.engine] n.")
+    max_staleness: int | None = Field(None, ge=0, le=8, description=(
+        "Rounds a sampling policy may lag the one trained (0: synchronous); "
+        "default: [cycle.rollout] max_staleness."))
 
     def overrides(self) -> dict[str, int]:
         """The [cycle] settings this run overrides, by path."""

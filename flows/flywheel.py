@@ -9,14 +9,19 @@ finish. A stage that still fails after its retries marks the cycle `failed` with
 reason (the flow's failure hook), and since every stage commits its rows together,
 nothing half-written becomes visible. Every vLLM sampling of the cycle (rollout waves,
 evaluation) goes to one warm engine the flow holds (`EngineConfig.warm` turns it off).
+
+The rounds overlap (`[cycle.rollout] max_staleness`, default 1): round r is sampled by
+the policy round r - 1 trained from, so its sampling runs while round r - 1 trains.
 """
 from __future__ import annotations
 
 from prefect import flow
+from prefect.futures import PrefectFuture, wait
 from prefect.runtime import flow_run
 
 from flows.cycle_params import CycleParams
-from tasks.cycle.prefect_tasks import begin_task, finish_task, mark_failed, report_task, stage_task
+from tasks.cycle.config import cycle_config
+from tasks.cycle.prefect_tasks import begin_task, finish_task, mark_failed, report_task, stage_submit, stage_task
 from tasks.stages import StageKey
 from trainer.warm_engine import shared_engine
 
@@ -31,12 +36,8 @@ def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
         production = begin_task(cycle_id)
         stage_task("ingest", StageKey(cycle_id, landing=tuple(params.landing)), run)
         stage_task("curate", StageKey(cycle_id), run)
-        policy = production
-        for round_idx in range(params.rounds):
-            key = StageKey(cycle_id, round_idx, policy=policy)
-            stage_task("rollout", key, run)
-            stage_task("verify", key, run)
-            policy = stage_task("train", key, run)["policy_version"]
+        staleness = cycle_config(run).rollout.max_staleness
+        policy = train_rounds(cycle_id, production, params.rounds, staleness, run)
         release = StageKey(cycle_id, policy=policy, production=production)
         stage_task("evaluate", release, run)
         stage_task("gate", release, run)
@@ -44,3 +45,35 @@ def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
         summary = finish_task(cycle_id)
         report_task(cycle_id, run)
         return summary
+
+
+def train_rounds(cycle_id: str, production: str, rounds: int, staleness: int, run: dict) -> str:
+    """The rounds, each sampled by the policy `staleness` rounds older than the one it
+    trains from (production for the first); returns the last round's policy.
+
+    A round's rollout and verify stages run here while earlier rounds' train stages run
+    in the flow's task runner; a train stage starts once its round is scored and the
+    round before it has trained. The order depends on `staleness` only, never on
+    timing, so a rerun samples and trains the same rounds. At 0 each round waits for
+    the one before: the synchronous loop.
+    """
+    policies = [production]  # policies[r]: the policy round r trains from
+    training: list[PrefectFuture] = []
+
+    def policy(r: int) -> str:
+        while len(policies) <= r:  # wait for the train stage that makes it
+            policies.append(training[len(policies) - 1].result()["policy_version"])
+        return policies[r]
+
+    try:
+        for r in range(rounds):
+            behaviour = policy(max(0, r - staleness))
+            sampled = StageKey(cycle_id, r, policy=behaviour)
+            stage_task("rollout", sampled, run)
+            stage_task("verify", sampled, run)
+            base = policy(r)
+            trains = StageKey(cycle_id, r, policy=base, behaviour="" if behaviour == base else behaviour)
+            training.append(stage_submit("train", trains, run))
+        return policy(rounds)
+    finally:
+        wait(training)  # a failed round never leaves a training job running unobserved

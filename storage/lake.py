@@ -176,7 +176,10 @@ def transaction(con: duckdb.DuckDBPyConnection, message: str | None = None) -> I
             con.execute("CALL lake.set_commit_message('flywheel', ?)", [message])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        # a COMMIT that failed has already ended the transaction; its error is the one
+        # to raise, not "cannot rollback - no transaction is active"
+        with contextlib.suppress(duckdb.TransactionException):
+            con.execute("ROLLBACK")
         raise
 
 

@@ -38,6 +38,10 @@ class StageKey:
     policy: str = ""
     """The model the stage works on: the policy sampled and trained (round stages), the
     candidate evaluated, gated and promoted (release stages)."""
+    behaviour: str = ""
+    """The policy that sampled the round's rollouts, when it is older than `policy` (the
+    train stage of an overlapped cycle: at most `[cycle.rollout] max_staleness` versions
+    older); empty: `policy` itself."""
     production: str = ""
     """The model the candidate is compared with (release stages)."""
     landing: tuple[str, ...] = ()

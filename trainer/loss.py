@@ -11,7 +11,9 @@ Variant: GRPO (Shao et al. 2024, DeepSeekMath) with the later fixes, each a swit
   (DAPO, Dr. GRPO drop it); the paper puts it in the loss with beta = 0.04.
 - Truncated importance sampling (TIS, Yao et al. 2025): vLLM samples with its own
   kernels, so its logprobs differ slightly from the trainer's; each token is weighted by
-  min(pi_old / pi_vllm, C).
+  min(pi_old / pi_vllm, C). In an overlapped cycle the sampling policy is also up to
+  `max_staleness` versions older than pi_old, and the same weight corrects for that
+  (the clip stays against pi_old, the policy trained from: decoupled PPO).
 - Departures from the paper: no std scaling and no KL by default; invalid rollouts
   (verifier timeout or sandbox error) are masked out of the group statistics and the
   loss instead of being scored 0; zero-variance groups are dropped (dynamic sampling,

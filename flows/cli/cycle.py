@@ -15,6 +15,9 @@ def cycle_command(
     rounds: Annotated[int, typer.Option(min=1)] = 1,
     tasks_per_round: Annotated[int | None, typer.Option(min=1, help="Default: \\[cycle.rollout] tasks_per_round.")] = None,
     samples_per_task: Annotated[int | None, typer.Option(min=2, help="Default: \\[cycle.rollout.engine] n.")] = None,
+    max_staleness: Annotated[int | None, typer.Option(min=0, help=(
+        "Rounds a sampling policy may lag the trained one; 0: synchronous. "
+        "Default: \\[cycle.rollout] max_staleness."))] = None,
 ) -> None:
     """Run one flywheel cycle: ingest -> curate -> (rollout -> verify -> train) x rounds -> evaluate -> promote."""
     from storage.config_file import ConfigError
@@ -29,7 +32,8 @@ def cycle_command(
     from flows.flywheel import CycleParams, flywheel_cycle
 
     summary = flywheel_cycle(CycleParams(cycle_id=cycle_id, landing=landing or [], rounds=rounds,
-                                         tasks_per_round=tasks_per_round, samples_per_task=samples_per_task))
+                                         tasks_per_round=tasks_per_round, samples_per_task=samples_per_task,
+                                         max_staleness=max_staleness))
     Console().print(summary)
 
 

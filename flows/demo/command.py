@@ -84,7 +84,8 @@ def print_demo_table(rows: list[dict], home: Path) -> None:
         cycle_s = row.get("cycle_seconds", 0.0)
         # The cycle's wall time not spent inside a stage's work: Prefect's task runs and state
         # changes, lake opens, begin/finish and the report. An upper bound on orchestration.
-        overhead = cycle_s - sum(stage_seconds.values())
+        # Overlapped rounds run two stages at once: their time counts once.
+        overhead = cycle_s - summary.get("busy_seconds", sum(stage_seconds.values()))
         table.add_row(str(row["cycle"]), row["production"], rate, *by_domain, str(kept),
                       str(trained) if summary else "", gate[:60], stages, f"{cycle_s:.0f}" if summary else "",
                       f"{overhead:.0f}s ({overhead / cycle_s:.0%})" if summary and cycle_s else "")

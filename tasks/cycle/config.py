@@ -59,6 +59,10 @@ class CycleConfig:
             raise ConfigError(f"cycle.train.grpo.temperature ({trained}) must equal "
                               f"cycle.rollout.engine.temperature ({sampled}), the temperature the rollouts "
                               "were sampled at; set both")
+        # Rounds sampled by an older policy are corrected only by the importance weight.
+        if self.rollout.max_staleness and self.train.grpo.tis_cap is None:
+            raise ConfigError("cycle.rollout.max_staleness > 0 samples rounds with an older policy, which only "
+                              "cycle.train.grpo.tis_cap corrects: set tis_cap (default 2.0) or max_staleness = 0")
 
 
 def cycle_config(overrides: Mapping[str, Any] | None = None) -> CycleConfig:

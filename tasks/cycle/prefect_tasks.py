@@ -6,6 +6,7 @@ calls one plain function, and passes and returns small values (ids, counts), nev
 from __future__ import annotations
 
 from prefect import get_run_logger, task
+from prefect.futures import PrefectFuture
 
 from storage.config_file import lake_settings
 from storage.lake import open_lake
@@ -38,10 +39,19 @@ def stage_task(name: str, key: StageKey, overrides: dict | None = None) -> dict:
     """Run stage `name` for `key` as a Prefect task (inside a flow), once per (cycle,
     stage, round): a finished stage returns its recorded counts. `overrides` are the
     run's own settings (`flows.cycle_params.CycleParams.overrides`)."""
+    return _configured(name, key)(name, key, overrides or {})
+
+
+def stage_submit(name: str, key: StageKey, overrides: dict | None = None) -> PrefectFuture:
+    """`stage_task` started in the flow's task runner; the future's `result()` is its counts."""
+    return _configured(name, key).submit(name, key, overrides or {})
+
+
+def _configured(name: str, key: StageKey):
     retries = STAGES[name].retries
     label = f"{name} round {key.round}" if name in _ROUND_STAGES else name
     return _stage.with_options(name=name, task_run_name=label, retries=retries,
-                               retry_delay_seconds=[2, 10][:retries] or 0)(name, key, overrides or {})
+                               retry_delay_seconds=[2, 10][:retries] or 0)
 
 
 @task(name="begin-cycle", retries=2, retry_delay_seconds=[2, 10])

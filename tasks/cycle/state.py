@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from storage.config_file import lake_settings
 from storage.lake import append_rows, current_snapshot, open_lake, transaction
+from storage.lake_turn import lake_turn
 from storage.schemas import SCHEMAS
 from tasks.release.models import production_version
 
@@ -39,24 +40,32 @@ def record_stage(con: duckdb.DuckDBPyConnection, cycle_id: str, stage: str, roun
 
 def run_stage(cycle_id: str, stage: str, work: Callable[[duckdb.DuckDBPyConnection], dict],
               round_: int = 0) -> dict:
-    """Run `work(con)` once per (cycle, stage, round); return its counts (plus seconds)."""
-    con = open_lake(lake_settings())
-    try:
-        done = stage_record(con, cycle_id, stage, round_)
-        if done is not None:
-            return done
-        started = time.perf_counter()
-        counts = work(con)
-        seconds = time.perf_counter() - started
-        record_stage(con, cycle_id, stage, round_, seconds, counts)
-        return {**counts, "seconds": seconds, "resumed": False}
-    finally:
-        con.close()
+    """Run `work(con)` once per (cycle, stage, round); return its counts (plus seconds).
+    The stage has this process's turn on the lake (storage/lake_turn.py) except while it
+    waits on a worker process, so an overlapped cycle's stages never collide on it."""
+    with lake_turn():
+        con = open_lake(lake_settings())
+        try:
+            done = stage_record(con, cycle_id, stage, round_)
+            if done is not None:
+                return done
+            started = time.perf_counter()
+            counts = work(con)
+            seconds = time.perf_counter() - started
+            record_stage(con, cycle_id, stage, round_, seconds, counts)
+            return {**counts, "seconds": seconds, "resumed": False}
+        finally:
+            con.close()
 
 
 def begin_cycle(cycle_id: str) -> str:
     """Insert the cycle's row as `running` unless a rerun finds it already there; return
     the production model the cycle starts from."""
+    with lake_turn():
+        return _begin_cycle(cycle_id)
+
+
+def _begin_cycle(cycle_id: str) -> str:
     con = open_lake(lake_settings())
     try:
         if con.execute("SELECT count(*) FROM lake.cycles WHERE cycle_id = ?", [cycle_id]).fetchone()[0]:
@@ -77,13 +86,19 @@ def begin_cycle(cycle_id: str) -> str:
 
 def finish_cycle(cycle_id: str, status: str, reason: str | None = None) -> dict:
     """Close the cycle's row: status, per-stage seconds and counts, the snapshot it ended on."""
+    with lake_turn():
+        return _finish_cycle(cycle_id, status, reason)
+
+
+def _finish_cycle(cycle_id: str, status: str, reason: str | None) -> dict:
     con = open_lake(lake_settings())
     try:
-        rows = con.execute("SELECT stage, round, seconds, counts FROM lake.cycle_stages WHERE cycle_id = ? "
-                           "ORDER BY finished_at", [cycle_id]).fetchall()
+        rows = con.execute("SELECT stage, round, seconds, counts, epoch(finished_at) FROM lake.cycle_stages "
+                           "WHERE cycle_id = ? ORDER BY finished_at", [cycle_id]).fetchall()
         seconds: dict[str, float] = {}
         counts: dict[str, dict] = {}
-        for stage, round_, secs, stage_counts in rows:
+        busy = busy_seconds([(end - secs, end) for _, _, secs, _, end in rows])
+        for stage, round_, secs, stage_counts, _ in rows:
             seconds[stage] = seconds.get(stage, 0.0) + secs
             counts[stage if stage not in counts else f"{stage}#{round_}"] = json.loads(stage_counts)
         with transaction(con, message=f"cycle {cycle_id} {status}"):
@@ -94,6 +109,17 @@ def finish_cycle(cycle_id: str, status: str, reason: str | None = None) -> dict:
                         [status, reason, datetime.now(timezone.utc), snapshot, json.dumps(seconds),
                          json.dumps(counts), cycle_id])
         return {"cycle_id": cycle_id, "status": status, "snapshot_id": snapshot, "stage_seconds": seconds,
-                "stage_counts": counts, "reason": reason}
+                "busy_seconds": busy, "stage_counts": counts, "reason": reason}
     finally:
         con.close()
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Wall time covered by at least one of the (start, end) spans: the stages' time,
+    counted once where overlapped rounds ran two stages at once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total

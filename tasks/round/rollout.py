@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from storage.config_file import lake_settings
 from storage.lake import append_rows, transaction
+from storage.lake_turn import lake_released
 from storage.schemas import ROUTES, SCHEMAS
 from tasks.curate.holdout import is_heldout
 from tasks.release.models import local_model_dir
@@ -52,12 +53,20 @@ class RolloutConfig:
     seed: int = 0
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     """Adaptive sampling and routing by difficulty (tasks/round/routing.py)."""
+    max_staleness: int = 1
+    """Round r is sampled by the policy round r - max_staleness trained from (production
+    for the first rounds), so its sampling runs while earlier rounds train (flows/
+    flywheel.py); the trainer corrects with the truncated importance weight against
+    the sampled logprobs (trainer/loss.py). 0: the synchronous loop, each round sampled
+    by the policy it trains."""
 
     def __post_init__(self) -> None:
         if self.tasks_per_round < 1:
             raise ValueError("RolloutConfig.tasks_per_round must be >= 1")
         if self.recent_rounds < 1:
             raise ValueError("RolloutConfig.recent_rounds must be >= 1")
+        if self.max_staleness < 0:
+            raise ValueError("RolloutConfig.max_staleness must be >= 0 (0: sample each round with the policy it trains)")
         if any(not isinstance(d, str) or not d for d in self.domains):
             raise ValueError(f"RolloutConfig.domains must be domain names, got {self.domains!r}")
 
@@ -162,11 +171,14 @@ def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
     def make_rollouts(pairs):
         return rollout_table(pairs, policy_version, round_idx, cycle_id)
 
+    # sampling and scoring leave the lake to the stage an overlapped cycle trains meanwhile
     if verify is None:
-        table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, cfg.engine.n, 0, wave=0))
+        with lake_released():
+            table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, cfg.engine.n, 0, wave=0))
         with transaction(con, f"rollouts {policy_version} round {round_idx}"):
             return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
-    out = sample_and_route(model_dir, tasks, cfg.engine, cfg.routing, verify, make_rollouts, cycle_id)
+    with lake_released():
+        out = sample_and_route(model_dir, tasks, cfg.engine, cfg.routing, verify, make_rollouts, cycle_id)
     routes = routes_table(out["routes"], policy_version, round_idx, cycle_id)
     with transaction(con, f"rollouts, verdicts and routes {policy_version} round {round_idx}"):
         written = append_rows(con, "rollouts", out["rollouts"])

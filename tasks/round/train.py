@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from storage.config_file import lake_settings
 from storage.lake import append_rows, transaction
+from storage.lake_turn import lake_released
 from storage.schemas import SCHEMAS
 from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
@@ -147,10 +148,11 @@ def train_step_rows(metrics: list[dict], policy_version: str, cycle_id: str) -> 
     return pa.Table.from_pylist(rows, schema=SCHEMAS["train_steps"])
 
 
-def model_row(policy_version: str, parent: str, uri: str, cycle_id: str) -> pa.Table:
+def model_row(policy_version: str, parent: str, uri: str, cycle_id: str, behaviour: str | None = None) -> pa.Table:
+    reason = "trained by GRPO" if behaviour in (None, parent) else f"trained by GRPO on rollouts of {behaviour[:12]}"
     return pa.Table.from_pylist([{
         "policy_version": policy_version, "parent_version": parent, "uri": uri, "status": "candidate",
-        "reason": "trained by GRPO", "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id}],
+        "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id}],
         schema=SCHEMAS["models"])
 
 
@@ -163,13 +165,16 @@ def train_policy(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_
 
 
 def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_version: str, round_idx: int,
-                jobs_root: str | Path, cycle_id: str, cfg: TrainStageConfig) -> dict:
-    """`train_policy` with the SFT counts."""
+                jobs_root: str | Path, cycle_id: str, cfg: TrainStageConfig, behaviour: str | None = None) -> dict:
+    """`train_policy` with the SFT counts. `behaviour`: the policy that sampled the round,
+    when older than the parent trained from (an overlapped cycle); the trainer weighs
+    each token by min(pi_parent / pi_behaviour, tis_cap) against the sampled logprobs."""
+    sampled_by = behaviour or parent_version
     staging = Path(jobs_root) / f"export-{parent_version[:16]}-{round_idx}.parquet"
     staging_sft = staging.with_suffix(".sft.parquet")
     staging.parent.mkdir(parents=True, exist_ok=True)
-    exported = export_rollouts(con, parent_version, round_idx, staging, cycle_id)
-    sft = export_sft(con, base_model, parent_version, round_idx, staging_sft, cycle_id, cfg)
+    exported = export_rollouts(con, sampled_by, round_idx, staging, cycle_id)
+    sft = export_sft(con, base_model, sampled_by, round_idx, staging_sft, cycle_id, cfg)
     groups = group_rollouts(read_rollouts(staging), cfg.grpo.scale_by_std)
     if groups.groups_kept == 0 and not sft["sft_rows"]:
         staging.unlink()
@@ -178,7 +183,7 @@ def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_v
     version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg, sft_ids)
     known = con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]
     if known:
-        return {"policy_version": version, **sft}
+        return {"policy_version": version, "sampled_by": sampled_by, **sft}
     job_dir = Path(jobs_root) / version
     rollouts, sft_rows = job_dir / "rollouts.parquet", job_dir / "sft.parquet"
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -189,15 +194,20 @@ def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_v
     write_job(job_dir, TrainJob(base_model=str(base_model), rollouts=str(rollouts), config=cfg.grpo,
                                 ref_model=str(base_model) if cfg.grpo.kl_coef > 0 else None,
                                 sft_rows=str(sft_rows) if sft["sft_rows"] else None))
-    trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s)
+    # the job's minutes leave the lake to the stage an overlapped cycle samples meanwhile;
+    # a job that dies exports nothing (trainer/ds_train.py renames a finished folder into
+    # place) and no `models` row names it
+    with lake_released():
+        trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s)
     with transaction(con, f"train {version[:12]} from {parent_version[:12]}"):
         append_rows(con, "train_steps", train_step_rows(read_metrics(job_dir), version, cycle_id))
-        append_rows(con, "models", model_row(version, parent_version, str(trained), cycle_id))
-    return {"policy_version": version, **sft}
+        append_rows(con, "models", model_row(version, parent_version, str(trained), cycle_id, sampled_by))
+    return {"policy_version": version, "sampled_by": sampled_by, **sft}
 
 
 def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) -> dict:
-    """The train stage: GRPO on the round's scored rollouts. Its `policy_version` is the
+    """The train stage: GRPO on the round's scored rollouts (sampled by `key.behaviour`
+    when the cycle overlaps), from `key.policy`. Its `policy_version` is the
     new candidate, or the key's policy unchanged when no rollout of the round was scored
     or no group has anything to learn (recorded in the counts; the cycle goes on)."""
     scored = con.execute("SELECT count(*) FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) "
@@ -207,13 +217,16 @@ def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) ->
     settings = lake_settings()
     base = local_model_dir(settings, con, key.policy)
     try:
-        trained = train_round(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg)
+        trained = train_round(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg,
+                              key.behaviour or None)
     except NothingToLearn as nothing:
         return {"policy_version": key.policy, "trained": False, "groups_kept": 0,
                 "groups_dropped": nothing.groups_dropped, "reason": str(nothing)}
     version = trained.pop("policy_version")
     if settings.uses_s3:
-        uri = publish_model(settings, local_model_dir(settings, con, version), version)
+        folder = local_model_dir(settings, con, version)
+        with lake_released():  # an upload of minutes for a real model
+            uri = publish_model(settings, folder, version)
         with transaction(con, message=f"model {version[:12]} stored at {uri}"):
             con.execute("UPDATE lake.models SET uri = ? WHERE policy_version = ?", [uri, version])
     # every step row carries the job's group counts

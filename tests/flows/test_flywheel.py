@@ -181,3 +181,126 @@ def test_a_cycle_killed_mid_stage_completes_on_rerun_without_duplicates(cycle_ho
     assert con.execute("SELECT status FROM lake.cycles WHERE cycle_id = 't2'").fetchone()[0] == "completed"
     stage_rows = con.execute("SELECT stage, count(*) FROM lake.cycle_stages WHERE cycle_id = 't2' GROUP BY 1").fetchall()
     assert all(n == 1 for _, n in stage_rows)
+
+
+def _round_spans(home, cycle_id: str) -> dict[tuple[str, int], tuple[float, float]]:
+    """(stage, round) -> (start, end) in seconds since the epoch, from `cycle_stages`."""
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    try:
+        rows = con.execute("SELECT stage, round, seconds, epoch(finished_at) FROM lake.cycle_stages "
+                           "WHERE cycle_id = ?", [cycle_id]).fetchall()
+    finally:
+        con.close()
+    return {(stage, r): (end - seconds, end) for stage, r, seconds, end in rows}
+
+
+def _lineage(home, cycle_id: str) -> tuple[list[tuple], dict[int, set[str]]]:
+    """The cycle's trained models (version, parent, reason) by creation, and the
+    policies that sampled each round."""
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    try:
+        models = con.execute("SELECT policy_version, parent_version, reason FROM lake.models "
+                             "WHERE cycle_id = ? ORDER BY created_at", [cycle_id]).fetchall()
+        sampled: dict[int, set[str]] = {}
+        for r, version in con.execute("SELECT DISTINCT round, policy_version FROM lake.rollouts "
+                                      "WHERE cycle_id = ?", [cycle_id]).fetchall():
+            sampled.setdefault(r, set()).add(version)
+        return models, sampled
+    finally:
+        con.close()
+
+
+def _train_counts(home, cycle_id: str, round_: int) -> dict:
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    try:
+        return json.loads(con.execute("SELECT counts FROM lake.cycle_stages WHERE cycle_id = ? AND stage = 'train' "
+                                      "AND round = ?", [cycle_id, round_]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def test_round_two_samples_while_round_one_trains_and_staleness_zero_is_the_synchronous_loop(cycle_home,
+                                                                                              monkeypatch):
+    from prefect.testing.utilities import prefect_test_harness
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(cycle_home))
+    monkeypatch.setenv("FLYWHEEL_CONFIG", str(cycle_home / "flywheel.toml"))
+    from flows.flywheel import CycleParams, flywheel_cycle
+
+    with prefect_test_harness(server_startup_timeout=120):
+        for cycle_id, staleness in (("over", 1), ("sync", 0)):
+            summary = flywheel_cycle(CycleParams(cycle_id=cycle_id, rounds=2, max_staleness=staleness))
+            assert summary["status"] == "completed", summary
+    # k = 1: round 1 is sampled by the policy round 0 trained from, while round 0 trains
+    (m0, production, _), (m1, parent, _) = _lineage(cycle_home, "over")[0]
+    assert _lineage(cycle_home, "over")[1] == {0: {production}, 1: {production}}
+    assert parent == m0 and _train_counts(cycle_home, "over", 1)["sampled_by"] == production
+    spans = _round_spans(cycle_home, "over")
+    (train_start, train_end), (roll_start, roll_end) = spans[("train", 0)], spans[("rollout", 1)]
+    assert roll_start < train_end and train_start < roll_end, spans
+    # k = 0: each round is sampled by the policy it trains, after the round before has trained
+    (s0, production, _), (s1, parent, _) = _lineage(cycle_home, "sync")[0]
+    assert _lineage(cycle_home, "sync")[1] == {0: {production}, 1: {s0}}
+    assert parent == s0 and _train_counts(cycle_home, "sync", 1)["sampled_by"] == s0
+    spans = _round_spans(cycle_home, "sync")
+    order = sorted(spans, key=lambda k: spans[k][0])
+    rounds = [k for k in order if k[0] in ("rollout", "verify", "train")]
+    assert rounds == [(s, r) for r in (0, 1) for s in ("rollout", "verify", "train")]
+    assert all(spans[a][1] <= spans[b][0] for a, b in zip(rounds, rounds[1:])), spans
+
+
+_RUN_OVERLAPPED = textwrap.dedent("""
+    import sys
+    from flows.flywheel import CycleParams, flywheel_cycle
+    print(flywheel_cycle(CycleParams(cycle_id=sys.argv[1], rounds=2, max_staleness=1)))
+""")
+
+
+def _trainer_pids(home: Path) -> list[tuple[int, Path]]:
+    """(pid, job folder) of every running DeepSpeed trainer of this lake."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"trainer.ds_train" in args and b"--job" in args:
+            job = Path(args[args.index(b"--job") + 1].decode())
+            if str(job).startswith(str(home)):
+                found.append((int(proc.name), job))
+    return found
+
+
+def test_a_trainer_killed_while_the_next_round_samples_publishes_nothing_and_the_rerun_completes(cycle_home):
+    from trainer.job import checkpoint_dir, model_dir
+
+    # six steps, a checkpoint after each: the kill lands between two of them
+    env = {**os.environ, "FLYWHEEL_HOME": str(cycle_home), "FLYWHEEL_CONFIG": str(cycle_home / "flywheel.toml"),
+           "FLYWHEEL_CYCLE_TRAIN_GRPO_STEPS": "6"}
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_OVERLAPPED, "kill"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, killed = time.monotonic() + 600, None
+    while killed is None:
+        assert proc.poll() is None, "the cycle ended before its trainer could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        for pid, job in _trainer_pids(cycle_home):
+            if (checkpoint_dir(job) / "latest").exists():
+                os.kill(pid, signal.SIGKILL)
+                killed = job
+    assert proc.wait(timeout=600) != 0
+    con = open_lake(LakeSettings(home=cycle_home), read_only=True)
+    assert con.execute("SELECT status FROM lake.cycles WHERE cycle_id = 'kill'").fetchone()[0] == "failed"
+    assert con.execute("SELECT count(*) FROM lake.models WHERE cycle_id = 'kill'").fetchone()[0] == 0
+    con.close()
+    assert not model_dir(killed).exists()
+    rerun = subprocess.run([sys.executable, "-c", _RUN_OVERLAPPED, "kill"], env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    (m0, _, _), (m1, parent, _) = _lineage(cycle_home, "kill")[0]
+    assert parent == m0 and model_dir(killed).is_dir()  # the killed job resumed and finished
+    con = open_lake(LakeSettings(home=cycle_home), read_only=True)
+    stage_rows = con.execute("SELECT stage, round, count(*) FROM lake.cycle_stages WHERE cycle_id = 'kill' "
+                             "GROUP BY 1, 2").fetchall()
+    con.close()
+    assert all(n == 1 for _, _, n in stage_rows)

@@ -67,6 +67,7 @@ def test_an_integer_fills_a_float_but_not_the_reverse():
     ({"gate": {"min_gain": 2.0}}, r"^cycle\.gate: min_gain is a difference of pass rates"),
     ({"rollout": {"engine": {"temperature": 0.7}}},
      r"cycle\.train\.grpo\.temperature \(1\.0\) must equal cycle\.rollout\.engine\.temperature \(0\.7\)"),
+    ({"rollout": {"max_staleness": -1}}, r"^cycle\.rollout: RolloutConfig\.max_staleness must be >= 0"),
     ({"rollout": {"engine": {"max_tokens_by_domain": {"code": 9000}}}},
      r"max_tokens_by_domain\['code'\] must be an integer from 1 to below max_model_len \(4096\)"),
 ])
@@ -142,3 +143,15 @@ def test_two_different_domain_maps_are_refused_naming_both_places():
         cycle_config_from(section)
     with pytest.raises(ConfigError, match=r"domains: domain_map names unknown verifiers \{'a': 'abacus'\}"):
         cycle_config_from({"domains": {"a": "abacus"}})
+
+
+def test_stale_rounds_need_the_importance_weight_that_corrects_them():
+    from dataclasses import replace
+
+    from trainer.grpo import GRPOConfig
+
+    plain = CycleConfig()
+    no_tis = replace(plain.train, grpo=GRPOConfig(tis_cap=None))
+    with pytest.raises(ConfigError, match="max_staleness > 0 samples rounds with an older policy"):
+        CycleConfig(train=no_tis)
+    assert CycleConfig(train=no_tis, rollout=replace(plain.rollout, max_staleness=0)).rollout.max_staleness == 0

@@ -1,0 +1,143 @@
+"""Overlapped rounds against the synchronous loop: one lake, two copies, same seeds.
+
+    python bench/overlap.py [--rounds 3] [--logs 1500] [--tasks-per-round 256] [--train-steps 20]
+
+Prepares one FLYWHEEL_HOME as the demo does (the tiny model SFT-warmed to about half
+right on additions, the demo's evaluation sets and flywheel.toml), lands demo-data
+failure logs, copies the home, and runs `flywheel cycle` in each copy: once with
+`--max-staleness 0` (the synchronous loop: each round sampled by the policy it trains)
+and once with `--max-staleness 1` (round r + 1 sampled by the policy round r trains
+from, while round r trains). Prints each arm's wall time for its rounds (first rollout
+start to last train end, from `cycle_stages`) and for the whole cycle, their ratio, and
+the final candidate's held-out pass@1 on each evaluation set with a 95% interval
+(mean over items of each item's pass rate, +/- 1.96 standard errors), so the learning
+of the two arms can be compared against the noise of either.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from storage.lake import open_lake  # noqa: E402
+from storage.settings import LakeSettings  # noqa: E402
+from verifiers.verdict import INFRA_STATUSES_SQL  # noqa: E402
+
+FLYWHEEL = [sys.executable, "-m", "flows.cli.app"]
+
+PREPARE = """
+import sys
+from pathlib import Path
+from flows.demo.flow import DemoConfig, DEMO_TOML, build_production_model, register_eval_sets
+from storage.config_file import lake_settings
+from storage.lake import open_lake
+from tasks.release.models import register_model
+
+home = Path(sys.argv[1])
+cfg = DemoConfig()
+(home / "flywheel.toml").write_text(DEMO_TOML)
+_items, prompts = register_eval_sets(home, cfg)
+settings = lake_settings()
+con = open_lake(settings)
+register_model(con, settings, build_production_model(home, cfg, prompts), "bench: SFT-warmed tiny model")
+con.close()
+"""
+
+
+def env_for(home: Path) -> dict:
+    return dict(os.environ, FLYWHEEL_HOME=str(home), FLYWHEEL_CONFIG=str(home / "flywheel.toml"), COLUMNS="200")
+
+
+def flywheel(home: Path, *args: str) -> str:
+    done = subprocess.run([*FLYWHEEL, *args], capture_output=True, text=True, env=env_for(home), cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"flywheel {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def prepare(home: Path, logs: int) -> None:
+    home.mkdir(parents=True)
+    subprocess.run([sys.executable, "-c", PREPARE, str(home)], check=True, env=env_for(home), cwd=ROOT)
+    data = home.parent / "logs"
+    flywheel(home, "demo-data", "--out", str(data), "--logs", str(logs), "--seed", "3")
+    shutil.copytree(data / "landing", home / "landing")
+
+
+def rounds_seconds(home: Path) -> float:
+    """First rollout start to last train end: the rounds' wall time."""
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    try:
+        return con.execute("""
+            SELECT max(epoch(finished_at)) FILTER (WHERE stage = 'train')
+                 - min(epoch(finished_at) - seconds) FILTER (WHERE stage = 'rollout')
+            FROM lake.cycle_stages""").fetchone()[0]
+    finally:
+        con.close()
+
+
+def held_out(home: Path) -> dict[str, tuple[float, float, int]]:
+    """eval_set -> (pass@1, half-width of its 95% interval, items) of the final candidate."""
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    try:
+        rows = con.execute(f"""
+            WITH items AS (
+                SELECT e.eval_set, e.item_id, avg(e.passed::DOUBLE) AS p
+                FROM lake.evaluations e JOIN lake.gate_decisions g ON e.policy_version = g.candidate
+                WHERE e.status NOT IN {INFRA_STATUSES_SQL} AND NOT e.contaminated
+                GROUP BY 1, 2)
+            SELECT eval_set, avg(p), 1.96 * stddev_samp(p) / sqrt(count(*)), count(*)
+            FROM items GROUP BY 1 ORDER BY 1""").fetchall()
+        return {name: (mean, half, n) for name, mean, half, n in rows}
+    finally:
+        con.close()
+
+
+def run_arm(home: Path, rounds: int, staleness: int, args) -> dict:
+    started = time.perf_counter()
+    flywheel(home, "cycle", "--cycle-id", f"staleness-{staleness}", "--rounds", str(rounds),
+             "--tasks-per-round", str(args.tasks_per_round), "--max-staleness", str(staleness))
+    return {"cycle_s": time.perf_counter() - started, "rounds_s": rounds_seconds(home), "held_out": held_out(home)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--logs", type=int, default=1500)
+    parser.add_argument("--tasks-per-round", type=int, default=256)
+    parser.add_argument("--train-steps", type=int, default=20)
+    args = parser.parse_args()
+    os.environ["FLYWHEEL_CYCLE_TRAIN_GRPO_STEPS"] = str(args.train_steps)
+    with tempfile.TemporaryDirectory(prefix="flywheel-overlap-") as tmp:
+        base = Path(tmp) / "base"
+        t0 = time.perf_counter()
+        prepare(base, args.logs)
+        print(f"prepared in {time.perf_counter() - t0:.0f} s: tiny model, demo evaluation sets, {args.logs} logs")
+        arms = {}
+        for staleness in (0, 1):
+            home = Path(tmp) / f"k{staleness}"
+            shutil.copytree(base, home)
+            arms[staleness] = run_arm(home, args.rounds, staleness, args)
+            print(f"max_staleness {staleness}: cycle {arms[staleness]['cycle_s']:.0f} s, "
+                  f"rounds {arms[staleness]['rounds_s']:.0f} s")
+    print(f"\n{args.rounds} rounds, {args.tasks_per_round} tasks per round, {args.train_steps} steps per round, "
+          f"{os.cpu_count()} cores")
+    print(f"{'':24}{'synchronous (k=0)':>20}{'overlapped (k=1)':>20}{'ratio':>8}")
+    for key, label in (("rounds_s", "rounds, s"), ("cycle_s", "whole cycle, s")):
+        a, b = arms[0][key], arms[1][key]
+        print(f"{label:24}{a:>20.1f}{b:>20.1f}{a / b:>8.2f}")
+    for name in sorted(arms[0]["held_out"]):
+        (m0, h0, n), (m1, h1, _) = arms[0]["held_out"][name], arms[1]["held_out"].get(name, (0.0, 0.0, 0))
+        print(f"{'pass@1 ' + name:24}{f'{m0:.3f} +/- {h0:.3f}':>20}{f'{m1:.3f} +/- {h1:.3f}':>20}"
+              f"{'':>8} ({n} items)")
+
+
+if __name__ == "__main__":
+    main()
