@@ -1,10 +1,11 @@
 """Overlapped rounds against the synchronous loop: one lake, two copies, same seeds.
 
-    python bench/overlap.py [--rounds 3] [--logs 1500] [--tasks-per-round 256] [--train-steps 20]
+    python bench/overlap.py [--rounds 3] [--logs 1500] [--tasks-per-round 256] [--train-steps 20] [--workdir DIR]
 
 Prepares one FLYWHEEL_HOME as the demo does (the tiny model SFT-warmed to about half
 right on additions, the demo's evaluation sets and flywheel.toml), lands demo-data
-failure logs, copies the home, and runs `flywheel cycle` in each copy: once with
+failure logs, and runs `flywheel cycle` twice, each time in that home restored from a
+copy of it (same lake, same seeds): once with
 `--max-staleness 0` (the synchronous loop: each round sampled by the policy it trains)
 and once with `--max-staleness 1` (round r + 1 sampled by the policy round r trains
 from, while round r trains). Prints each arm's wall time for its rounds (first rollout
@@ -113,20 +114,29 @@ def main() -> None:
     parser.add_argument("--logs", type=int, default=1500)
     parser.add_argument("--tasks-per-round", type=int, default=256)
     parser.add_argument("--train-steps", type=int, default=20)
+    parser.add_argument("--workdir", help="keep the prepared lake here and reuse it on the next run")
     args = parser.parse_args()
     os.environ["FLYWHEEL_CYCLE_TRAIN_GRPO_STEPS"] = str(args.train_steps)
     with tempfile.TemporaryDirectory(prefix="flywheel-overlap-") as tmp:
-        base = Path(tmp) / "base"
-        t0 = time.perf_counter()
-        prepare(base, args.logs)
-        print(f"prepared in {time.perf_counter() - t0:.0f} s: tiny model, demo evaluation sets, {args.logs} logs")
+        # The lake's catalog holds its data folder's absolute path, so each arm runs in the
+        # same folder, restored from a copy of the prepared one (kept in --workdir to reuse).
+        work = Path(args.workdir or tmp)
+        home, prepared = work / "home", work / "prepared"
+        if not prepared.exists():
+            t0 = time.perf_counter()
+            shutil.rmtree(home, ignore_errors=True)
+            prepare(home, args.logs)
+            shutil.copytree(home, prepared)
+            print(f"prepared in {time.perf_counter() - t0:.0f} s: tiny model, demo evaluation sets, "
+                  f"{args.logs} logs", flush=True)
         arms = {}
         for staleness in (0, 1):
-            home = Path(tmp) / f"k{staleness}"
-            shutil.copytree(base, home)
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.copytree(prepared, home)
+            load = os.getloadavg()[0]
             arms[staleness] = run_arm(home, args.rounds, staleness, args)
             print(f"max_staleness {staleness}: cycle {arms[staleness]['cycle_s']:.0f} s, "
-                  f"rounds {arms[staleness]['rounds_s']:.0f} s")
+                  f"rounds {arms[staleness]['rounds_s']:.0f} s (load average at start {load:.1f})", flush=True)
     print(f"\n{args.rounds} rounds, {args.tasks_per_round} tasks per round, {args.train_steps} steps per round, "
           f"{os.cpu_count()} cores")
     print(f"{'':24}{'synchronous (k=0)':>20}{'overlapped (k=1)':>20}{'ratio':>8}")

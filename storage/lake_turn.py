@@ -14,13 +14,16 @@ So a stage takes the turn for all its lake work (`lake_turn`, tasks/cycle/state.
 `run_stage`) and hands it back while it waits on a worker process, vLLM sampling or
 DeepSpeed training (`lake_released`): that wait is what the other thread's lake work
 fits into. Both nest and both are no-ops where they do not apply (`lake_released`
-outside a turn), so a stage called without a flow behaves as before.
+outside a turn), so a stage called without a flow behaves as before. A connection held
+across the wait must hold no unread result (`lake_released` closes it).
 """
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Iterator
+
+import duckdb
 
 _TURN = threading.Lock()
 _held = threading.local()  # depth: how many `lake_turn` blocks this thread is inside
@@ -46,12 +49,20 @@ def lake_turn() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def lake_released() -> Iterator[None]:
-    """Hand the turn back for a wait that does not touch the lake; take it again after."""
+def lake_released(con: duckdb.DuckDBPyConnection | None) -> Iterator[None]:
+    """Hand the turn back for a wait that does not use `con`; take it again after.
+
+    A result not read to its end (a `fetchone()`) keeps its SQLite read transaction
+    open, and while it is open the other thread's commit fails at once ("database is
+    locked"; seen in an overlapped cycle, reproduced with one `fetchone`), so `con` is
+    given one small statement first, which closes whatever result it still held (None:
+    the thread holds no connection)."""
     depth = getattr(_held, "depth", 0)
     if not depth:
         yield
         return
+    if con is not None:
+        con.execute("SELECT 1").fetchall()
     _held.depth = 0
     _TURN.release()
     try:

@@ -173,11 +173,11 @@ def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
 
     # sampling and scoring leave the lake to the stage an overlapped cycle trains meanwhile
     if verify is None:
-        with lake_released():
+        with lake_released(con):
             table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, cfg.engine.n, 0, wave=0))
         with transaction(con, f"rollouts {policy_version} round {round_idx}"):
             return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
-    with lake_released():
+    with lake_released(con):
         out = sample_and_route(model_dir, tasks, cfg.engine, cfg.routing, verify, make_rollouts, cycle_id)
     routes = routes_table(out["routes"], policy_version, round_idx, cycle_id)
     with transaction(con, f"rollouts, verdicts and routes {policy_version} round {round_idx}"):

@@ -197,7 +197,7 @@ def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_v
     # the job's minutes leave the lake to the stage an overlapped cycle samples meanwhile;
     # a job that dies exports nothing (trainer/ds_train.py renames a finished folder into
     # place) and no `models` row names it
-    with lake_released():
+    with lake_released(con):
         trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s)
     with transaction(con, f"train {version[:12]} from {parent_version[:12]}"):
         append_rows(con, "train_steps", train_step_rows(read_metrics(job_dir), version, cycle_id))
@@ -225,7 +225,7 @@ def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) ->
     version = trained.pop("policy_version")
     if settings.uses_s3:
         folder = local_model_dir(settings, con, version)
-        with lake_released():  # an upload of minutes for a real model
+        with lake_released(con):  # an upload of minutes for a real model
             uri = publish_model(settings, folder, version)
         with transaction(con, message=f"model {version[:12]} stored at {uri}"):
             con.execute("UPDATE lake.models SET uri = ? WHERE policy_version = ?", [uri, version])

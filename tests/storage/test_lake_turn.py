@@ -65,7 +65,9 @@ def test_a_stage_waiting_on_a_worker_lets_another_commit_then_commits_after_it(t
     def long_stage() -> None:
         with lake_turn():
             con = open_lake(settings)
-            with lake_released():  # "training": the lake is the other thread's meanwhile
+            # a result left unread holds SQLite's read lock: the other commit would fail
+            con.execute("SELECT count(*) FROM lake.cycle_stages WHERE round = ?", [0]).fetchone()
+            with lake_released(con):  # "training": the lake is the other thread's meanwhile
                 waiting.set()
                 assert other_done.wait(60)
             seen.append(con.execute("SELECT count(*) FROM lake.cycle_stages").fetchone()[0])
@@ -94,7 +96,7 @@ def test_a_stage_waiting_on_a_worker_lets_another_commit_then_commits_after_it(t
 def test_the_turn_nests_within_a_thread_and_released_outside_a_turn_does_nothing():
     with lake_turn():
         with lake_turn():
-            with lake_released():
+            with lake_released(None):
                 # released: another thread can take the turn now
                 taken = threading.Event()
 
@@ -119,5 +121,5 @@ def test_the_turn_nests_within_a_thread_and_released_outside_a_turn_does_nothing
         assert not blocked.is_set()
     t.join(10)
     assert blocked.is_set()
-    with lake_released():
+    with lake_released(None):  # outside a turn: nothing to close, nothing to release
         pass
