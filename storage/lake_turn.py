@@ -5,7 +5,7 @@ flywheel.py), two threads of one process hold DuckDB connections to the same lak
 SQLite catalog, DuckDB's sqlite extension sets no busy timeout, so a second connection
 that attaches or reads while the first commits fails at once with "database is locked",
 and a failed commit can leave a hot journal that locks every later opener (seen here:
-two threads, each opening, reading and committing 30 times, failed 77 times). With one
+three threads, each opening, reading and committing 30 times: 77 of the 90 failed). With one
 turn for the process they made all their commits. A connection that stays open while
 another thread commits is harmless: it sees the new snapshots, and its own later commit
 is retried by DuckLake against them.
