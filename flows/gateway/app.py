@@ -70,7 +70,8 @@ class Gateway:
                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         self.spool = Spool(spool_folder(self.cfg, self.settings))
         self.shipper = Shipper(self.spool, self.settings,
-                               ShippingConfig(max_bytes=self.cfg.ship_max_bytes, max_age_s=self.cfg.ship_max_age_s))
+                               ShippingConfig(max_bytes=self.cfg.ship_max_bytes, max_age_s=self.cfg.ship_max_age_s,
+                                              keep_index_s=self.cfg.feedback_days * 86400))
         self.shipper.start()  # ships what a previous run left (a crash, a kill) first
         if self.cfg.upstream:
             self.pool = UpstreamPool(await self.external(self.cfg.upstream, self.cfg.upstream_version))

@@ -32,6 +32,9 @@ class GatewayConfig:
     """Ship the spool when this many bytes of records are waiting ..."""
     ship_max_age_s: float = 60.0
     """... or when the oldest waiting record is this old."""
+    feedback_days: float = 30.0
+    """Feedback is taken for a call at least this long after it was shipped; the spool's
+    index of older calls (one row each) is pruned."""
     canary_share: float = 0.0
     """Share of traffic sent to the newest candidate model while one exists (managed mode)."""
     watch_s: float = 10.0
@@ -52,7 +55,7 @@ class GatewayConfig:
         for name in ("max_request_bytes", "max_messages", "ship_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        for name in ("upstream_timeout_s", "ship_max_age_s", "watch_s", "drain_s"):
+        for name in ("upstream_timeout_s", "ship_max_age_s", "watch_s", "drain_s", "feedback_days"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
 

@@ -10,7 +10,8 @@ twice, and ingest, which keys files by content hash, sees nothing new.
 
 Ships when the un-batched records reach `max_bytes` or the oldest is `max_age_s` old,
 from a background thread, and everything on a graceful stop. Deliberately not here:
-reading the shipped files back (tasks/ingest/) and retention of the spool's index.
+reading the shipped files back (tasks/ingest/). The same thread prunes the spool's
+index of old shipped batches (`keep_index_s`).
 """
 from __future__ import annotations
 
@@ -39,9 +40,13 @@ class ShippingConfig:
     """...or when the oldest un-batched record is this many seconds old."""
     poll_s: float = 1.0
     """How often the background thread checks; a record waits at most max_age_s + poll_s."""
+    keep_index_s: float = 30 * 86400.0
+    """The spool's index of calls (what feedback joins to) keeps a shipped batch's rows
+    this long; the thread prunes older ones (`Spool.prune`) every `prune_every_s`."""
+    prune_every_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_age_s", "poll_s"):
+        for name in ("max_bytes", "max_age_s", "poll_s", "keep_index_s", "prune_every_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"ShippingConfig.{name} must be a positive number, got {value!r}")
@@ -120,11 +125,19 @@ class Shipper:
         self.ship_all()
 
     def _ship_forever(self) -> None:
+        pruned_at = 0.0
         while True:
             try:
                 self.ship_due()
             except Exception:  # an unreachable landing must not end shipping: retry next poll
                 log.exception("shipping the gateway spool failed; retrying in %.1f s", self.cfg.poll_s)
+            if time.monotonic() - pruned_at >= self.cfg.prune_every_s:
+                pruned_at = time.monotonic()
+                try:
+                    if any((deleted := self.spool.prune(self.cfg.keep_index_s)).values()):
+                        log.info("pruned the spool's index: %s", deleted)
+                except Exception:  # a full disk, say: the index only grows until the next try
+                    log.exception("pruning the gateway spool failed; retrying in %.0f s", self.cfg.prune_every_s)
             if self._stop.wait(self.cfg.poll_s):
                 return
 

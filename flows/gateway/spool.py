@@ -20,8 +20,11 @@ Tables:
                                feedback gets the stored one back even after shipping
   batches(first_seq, last_seq, key, shipped_at)
 
-Deliberately not here: HTTP, the file format on the landing side (shipping.py), and
-pruning of calls/feedback/batches, which grow by one small row per record.
+`prune` bounds the index: calls/feedback/batches grow by one small row per record, so
+the rows of batches shipped longer ago than the feedback window go (the newest batch
+always stays: it marks what is batched). Feedback for a pruned call is an unknown call.
+
+Deliberately not here: HTTP, and the file format on the landing side (shipping.py).
 """
 from __future__ import annotations
 
@@ -50,7 +53,11 @@ CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER NOT NULL) WIT
 CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
     first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, key TEXT NOT NULL, shipped_at REAL);
+CREATE INDEX IF NOT EXISTS calls_by_seq ON calls (seq);
+CREATE INDEX IF NOT EXISTS feedback_by_seq ON feedback (seq);
 """
+# Rows deleted per writer job when pruning, so appends wait for at most one such slice.
+_PRUNE_SLICE = 5000
 # Batches are contiguous and planned in seq order, so the newest one bounds what is batched.
 _LAST_BATCHED = "coalesce((SELECT last_seq FROM batches ORDER BY first_seq DESC LIMIT 1), 0)"
 
@@ -135,6 +142,30 @@ class Spool:
         """Record that `batch` is landed and drop its records' JSON (the call and
         feedback index rows stay)."""
         self._enqueue(partial(_finish_batch, batch)).result()
+
+    def prune(self, keep_s: float, now: float | None = None) -> dict[str, int]:
+        """Drop the call ids, feedback and batch rows of batches shipped more than `keep_s`
+        seconds before `now` (time.time()), the newest batch excepted; counts deleted."""
+        if keep_s < 0:
+            raise ValueError(f"keep_s must be >= 0 seconds, got {keep_s!r}")
+        # Batches are contiguous in seq order: everything before the first batch that is
+        # unshipped or recent is shipped and old (an unshipped one keeps its records).
+        cutoff = self._read(
+            "SELECT max(last_seq) FROM batches WHERE first_seq < (SELECT max(first_seq) FROM batches) "
+            "AND first_seq < coalesce((SELECT min(first_seq) FROM batches "
+            "WHERE shipped_at IS NULL OR shipped_at >= ?), 9223372036854775807)",
+            ((time.time() if now is None else now) - keep_s,))[0][0]
+        deleted = {"calls": 0, "feedback": 0, "batches": 0}
+        if cutoff is None:
+            return deleted
+        for table, key in (("calls", "id"), ("feedback", "id"), ("batches", "first_seq")):
+            seq = "last_seq" if table == "batches" else "seq"
+            while True:  # in slices, each its own commit: appends get the writer in between
+                n = self._enqueue(partial(_delete_slice, table, key, seq, cutoff)).result()
+                deleted[table] += n
+                if n < _PRUNE_SLICE:
+                    break
+        return deleted
 
     def unshipped_batches(self) -> list[Batch]:
         """Batches planned but not marked shipped, oldest first: what a crash left behind."""
@@ -258,7 +289,8 @@ class Spool:
             return json.loads(known[0]), False
         if not con.execute("SELECT 1 FROM calls WHERE id = ?", (record["id"],)).fetchone():
             raise UnknownCall(f"no call with completion id {record['id']!r} was logged by gateway "
-                              f"{self.gateway_id}: feedback must name the id a completion returned")
+                              f"{self.gateway_id}, or not within its feedback window: feedback must name "
+                              "the id a completion returned")
         stored = self._insert_record(con, record)
         con.execute("INSERT INTO feedback (id, seq, record) VALUES (?, ?, ?)",
                     (record["id"], stored["seq"], json.dumps(stored, separators=(",", ":"))))
@@ -292,6 +324,11 @@ def _finish_batch(batch: Batch, con: sqlite3.Connection) -> None:
     if not updated:
         raise ValueError(f"no batch {batch.first_seq}-{batch.last_seq} was planned in this spool")
     con.execute("DELETE FROM records WHERE seq BETWEEN ? AND ?", (batch.first_seq, batch.last_seq))
+
+
+def _delete_slice(table: str, key: str, seq: str, cutoff: int, con: sqlite3.Connection) -> int:
+    return con.execute(f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {seq} <= ? "
+                       f"LIMIT {_PRUNE_SLICE})", (cutoff,)).rowcount
 
 
 def _check_record(record: Any, expected_type: str) -> None:

@@ -47,7 +47,8 @@ def spool(tmp_path):
         yield spool
 
 
-@pytest.mark.parametrize("field, value", [("max_bytes", 0), ("max_age_s", -1.0), ("poll_s", 0), ("poll_s", True)])
+@pytest.mark.parametrize("field, value", [("max_bytes", 0), ("max_age_s", -1.0), ("poll_s", 0), ("poll_s", True),
+                                          ("keep_index_s", 0), ("prune_every_s", -1)])
 def test_config_rejects_values_that_are_not_positive(field, value):
     with pytest.raises(ValueError, match=f"{field} must be a positive number"):
         ShippingConfig(**{field: value})
@@ -97,6 +98,24 @@ def test_the_thread_ships_what_comes_due(spool, lake_settings):
         assert len(records_in(landed_files(lake_settings))) == 5
     finally:
         shipper.stop()
+
+
+def test_the_thread_prunes_the_index_of_batches_older_than_keep_index_s(spool, lake_settings):
+    append(spool, range(3))
+    Shipper(spool, lake_settings).ship_all()  # an old batch ...
+    append(spool, range(3, 5))
+    shipper = Shipper(spool, lake_settings, ShippingConfig(max_age_s=0.01, poll_s=0.02, keep_index_s=0.05,
+                                                           prune_every_s=0.05))
+    shipper.start()  # ... then a newer one shipped by the thread, which prunes the old one's calls
+    try:
+        deadline = time.monotonic() + 10
+        while spool.has_call("chatcmpl-0000") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not any(spool.has_call(f"chatcmpl-{i:04d}") for i in range(3))
+        assert spool.has_call("chatcmpl-0004")
+    finally:
+        shipper.stop()
+    assert len(records_in(landed_files(lake_settings))) == 5
 
 
 def test_stop_ships_what_is_not_yet_due(spool, lake_settings):

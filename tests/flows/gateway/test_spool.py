@@ -164,3 +164,33 @@ def test_a_closed_spool_refuses_appends_and_a_second_spool_on_the_same_folder(tm
     with pytest.raises(RuntimeError, match="closed"):
         spool.pending()
     Spool(tmp_path / "spool").close()  # closing released the folder
+
+
+def test_prune_drops_the_index_of_old_shipped_batches_but_the_newest_and_anything_unshipped(tmp_path):
+    with Spool(tmp_path / "spool") as spool:
+        append_calls(spool, [call(i) for i in range(3)])            # seqs 1-3
+        asyncio.run(spool.append_feedback(feedback("chatcmpl-0")))  # seq 4
+        spool.mark_shipped(spool.plan_batch())                      # batch 1-4, shipped
+        append_calls(spool, [call(i) for i in range(3, 5)])         # seqs 5-6
+        crashed = spool.plan_batch()                                # batch 5-6, planned, not shipped
+        append_calls(spool, [call(5)])                              # seq 7
+        spool.mark_shipped(spool.plan_batch())                      # batch 7, shipped
+        append_calls(spool, [call(6)])                              # seq 8, pending
+
+        assert spool.prune(keep_s=3600) == {"calls": 0, "feedback": 0, "batches": 0}  # all recent
+        later = time.time() + 7200
+        # only what lies before the unshipped batch goes
+        assert spool.prune(keep_s=3600, now=later) == {"calls": 3, "feedback": 1, "batches": 1}
+        assert not any(spool.has_call(f"chatcmpl-{i}") for i in range(3))
+        assert all(spool.has_call(f"chatcmpl-{i}") for i in range(3, 7))
+        with pytest.raises(UnknownCall, match="feedback window"):
+            asyncio.run(spool.append_feedback(feedback("chatcmpl-0")))
+
+        spool.mark_shipped(crashed)
+        assert spool.prune(keep_s=3600, now=later) == {"calls": 2, "feedback": 0, "batches": 1}
+        assert spool.has_call("chatcmpl-5") and spool.has_call("chatcmpl-6")  # the newest batch, pending
+        # the newest batch still marks what is batched: the pending record ships next, seqs go on
+        assert [(b.first_seq, b.last_seq) for b in [spool.plan_batch()]] == [(8, 8)]
+        assert append_calls(spool, [call(7)]) == [9]
+        with pytest.raises(ValueError, match="keep_s"):
+            spool.prune(keep_s=-1)
