@@ -158,8 +158,8 @@ class Spool:
         deleted = {"calls": 0, "feedback": 0, "batches": 0}
         if cutoff is None:
             return deleted
-        for table, key in (("calls", "id"), ("feedback", "id"), ("batches", "first_seq")):
-            seq = "last_seq" if table == "batches" else "seq"
+        for table, key, seq in (("calls", "id", "seq"), ("feedback", "id", "seq"),
+                                ("batches", "first_seq", "last_seq")):
             while True:  # in slices, each its own commit: appends get the writer in between
                 n = self._enqueue(partial(_delete_slice, table, key, seq, cutoff)).result()
                 deleted[table] += n
