@@ -62,9 +62,19 @@ def test_the_schema_check_catches_a_broken_file():
 
 def test_the_stack_has_every_service_the_issue_asks_for():
     expected = {"minio", "minio-init", "postgres", "prefect-server", "cpu-worker", "webhook",
-                "dask-scheduler", "dask-worker", "gpu-worker", "mlflow", "gateway", "vllm"}
+                "dask-scheduler", "dask-worker", "gpu-worker", "mlflow", "gateway", "gateway-gpu", "vllm"}
     assert expected <= set(SERVICES)
-    assert SERVICES["vllm"]["profiles"] == ["gpu"] and "profiles" not in SERVICES["gateway"]
+    assert SERVICES["vllm"]["profiles"] == ["vllm"] and "profiles" not in SERVICES["gateway"]
+    # the GPU profile serves in managed mode (no upstream: it follows promotions on its own),
+    # on its own host port and spool
+    gpu_gateway = SERVICES["gateway-gpu"]
+    assert gpu_gateway["profiles"] == ["gpu"] and gpu_gateway["image"] == "flywheel:gpu"
+    assert "FLYWHEEL_GATEWAY_UPSTREAM" not in gpu_gateway["environment"]
+    assert gpu_gateway["command"] == SERVICES["gateway"]["command"]
+    assert gpu_gateway["ports"] != SERVICES["gateway"]["ports"]
+    assert gpu_gateway["environment"]["FLYWHEEL_GATEWAY_SPOOL"].startswith("/var/lib/flywheel/")
+    (device,) = gpu_gateway["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
     gateway = SERVICES["gateway"]["environment"]
     assert {"FLYWHEEL_GATEWAY_KEYS", "FLYWHEEL_GATEWAY_UPSTREAM"} <= set(gateway)
     assert "flywheel-home:/var/lib/flywheel" in SERVICES["gateway"]["volumes"]  # the spool outlives the container

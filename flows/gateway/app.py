@@ -4,15 +4,17 @@
   parameter pass through to the upstream (flows/gateway/calls.py).
 - `GET /v1/models`: the one model clients name (`model_name`), whichever version serves it.
 - `POST /v1/feedback`: a completion id plus a label or score, an optional correction and a
-  comment (tasks/ingest/gateway_records.py); idempotent per completion id.
+  comment (tasks/ingest/gateway_records.py); idempotent per completion id; feedback for
+  another replica's call is passed to that replica (flows/gateway/replicas.py).
 - `GET /health`: the versions serving; no key needed.
 - `POST /admin/upstream`, `DELETE /admin/canary`: switch the primary or set a canary by hand
   (admin keys only); in managed mode promotions do this on their own (flows/gateway/watch.py).
   `POST /admin/flush`: ship the spool now rather than at the next size or age mark.
 
 Every check happens before anything reaches the upstream: size (413), key (401), JSON (400),
-shape (422). Keys are compared in constant time and never logged: the call log holds the
-request body only, and uvicorn's access log holds no headers.
+the key's request rate (429, flows/gateway/limits.py), shape (422). Keys are compared in
+constant time and never logged: the call log holds the request body only, and uvicorn's
+access log holds no headers.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from fastapi.responses import JSONResponse
 
 from flows.gateway import calls
 from flows.gateway.config import GatewayConfig
+from flows.gateway.limits import RateLimiter
+from flows.gateway.replicas import forwarded, pass_feedback_on
 from flows.gateway.shipping import Shipper, ShippingConfig
 from flows.gateway.spool import Spool, UnknownCall
 from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, probe
@@ -61,6 +65,7 @@ class Gateway:
         self.client: httpx.AsyncClient | None = None
         self.watcher: asyncio.Task | None = None
         self.watch = None  # managed mode's ProductionWatch
+        self.limiter = RateLimiter(cfg.rate_limit_rps, cfg.burst) if cfg.rate_limit_rps else None
 
     async def start(self) -> None:
         if not log.handlers:  # swaps and watch errors go where uvicorn's own messages go
@@ -116,6 +121,21 @@ class Gateway:
         if not admin and not self.authorized(request, self.cfg.client_keys):
             return error(401, "missing or unknown API key", code="invalid_api_key")
         return None
+
+    def throttle(self, request: Request) -> JSONResponse | None:
+        """The 429 for a key past its request rate, else None (takes one request from its bucket).
+        Feedback another replica passes on counts at both: the header that marks it is the
+        client's to set too, so it buys no exemption."""
+        if self.limiter is None:
+            return None
+        wait_s = self.limiter.wait_s(request.headers.get("authorization", ""))
+        if not wait_s:
+            return None
+        response = error(429, f"rate limit of {self.cfg.rate_limit_rps:g} requests/s (burst {self.cfg.burst}) "
+                              f"for this key; retry in {wait_s:.2f} s", kind="rate_limit_error",
+                         code="rate_limit_exceeded")
+        response.headers.update(self.limiter.headers(wait_s))
+        return response
 
     async def read_json(self, request: Request) -> dict | JSONResponse:
         declared = request.headers.get("content-length")
@@ -176,23 +196,29 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
-        if refused := gateway.refuse(request):
+        if refused := gateway.refuse(request) or gateway.throttle(request):
             return refused
         problem = chat_problem(body, cfg)
         if problem:
             return error(422, problem)
-        return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool)
+        return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
-        if refused := gateway.refuse(request):
+        if refused := gateway.refuse(request) or gateway.throttle(request):
             return refused
         problem = feedback_problem(body)
         if problem:
             return error(422, problem)
+        owner = calls.replica_of(body["id"])
+        if owner and owner != cfg.replica and not forwarded(request):
+            if owner not in cfg.peer_urls:
+                return error(404, f"completion {body['id']!r} was logged by replica {owner!r}, which this gateway "
+                                  "has no address for (FLYWHEEL_GATEWAY_PEERS)", code="unknown_completion")
+            return await pass_feedback_on(gateway.client, owner, cfg.peer_urls[owner], body, request, cfg.replica)
         record = {"type": "feedback", "id": body["id"], "ts": calls.utc_now(), "label": body.get("label"),
                   "score": body.get("score"), "correction": body.get("correction"), "comment": body.get("comment")}
         try:

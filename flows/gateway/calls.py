@@ -6,10 +6,12 @@ A stream is forwarded chunk by chunk as the upstream produces it, except its fin
 (the ones carrying finish_reason or usage) and `[DONE]`, which wait for the commit: a client
 whose stream breaks before them knows its answer is incomplete, and that call is not logged.
 
-The gateway mints the completion id (`chatcmpl-` + 32 hex digits) instead of passing the
-upstream's on: ids stay unique across upstreams, swaps and replicas, and feedback joins
-to exactly one call. The response names the model the client asked for; the version that
-answered is in the `x-flywheel-model-version` header and in the log.
+The gateway mints the completion id (`chatcmpl-` + 32 hex digits, or `chatcmpl-<replica>-`
++ 32 hex digits for a named replica) instead of passing the upstream's on: ids stay unique
+across upstreams, swaps and replicas, feedback joins to exactly one call, and any replica
+can tell which one logged it (`replica_of`). The response names the model the client
+asked for; the version that answered is in the `x-flywheel-model-version` header and in
+the log.
 
 A call whose upstream cannot be reached, or dies before sending a response head, is sent
 once more, to the pool's other upstream (`send_call`): nothing has reached the client or the
@@ -50,8 +52,14 @@ UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.R
              httpx.RemoteProtocolError)
 
 
-def new_completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def new_completion_id(replica: str = "") -> str:
+    return f"chatcmpl-{replica}-{uuid.uuid4().hex}" if replica else f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def replica_of(completion_id: str) -> str:
+    """The replica named in an id `new_completion_id` minted; "" for an unnamed gateway's."""
+    name, sep, _rest = completion_id.removeprefix("chatcmpl-").partition("-")
+    return name if sep else ""
 
 
 def utc_now() -> str:
@@ -104,8 +112,8 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
 
 
 async def complete(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient,
-                   spool: Spool) -> JSONResponse | StreamingResponse:
-    received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id()
+                   spool: Spool, replica: str = "") -> JSONResponse | StreamingResponse:
+    received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id(replica)
     if request.get("stream"):
         return await _stream(request, model_name, pool, client, spool, (received, started, completion_id))
     sent = await send_call(request, pool, client)

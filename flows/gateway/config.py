@@ -1,6 +1,8 @@
 """`[gateway]` in flywheel.toml (or FLYWHEEL_GATEWAY_* variables): how the gateway serves and logs."""
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 
 
@@ -41,8 +43,26 @@ class GatewayConfig:
     """How often managed mode checks the lake for a new production model or candidate."""
     drain_s: float = 120.0
     """How long a replaced upstream may finish its in-flight calls before it is stopped."""
+    rate_limit_rps: float = 0.0
+    """Requests a second each client key may send on average (chat completions and feedback);
+    0 = no limit. Past it a call gets 429 with `retry-after` (flows/gateway/limits.py)."""
+    rate_limit_burst: int = 0
+    """Requests a key may send at once before the rate applies; 0 = one second's worth."""
+    replica: str = ""
+    """This gateway's name among replicas behind one balancer (lowercase letters and digits).
+    Set, it goes into every completion id it mints (`chatcmpl-<replica>-<hex>`), so feedback
+    sent to another replica is passed to the one that logged the call (`peers`)."""
+    peers: str = ""
+    """The other replicas, `name=http://host:port` comma-separated: where feedback for their
+    calls is passed on. Replicas share client keys: the client's own key goes with it."""
     serve_max_model_len: int = 4096
     serve_kv_cache_gib: int = 1
+    """On CPU: the KV cache of each server it starts (VLLM_CPU_KVCACHE_SPACE)."""
+    serve_gpu_memory_fraction: float = 0.35
+    """On a GPU: the share of its memory each server it starts may take
+    (`--gpu-memory-utilization`). A swap runs the old and the new server side by side until
+    the old one drains, so two of them, plus a canary if one is set, must fit beside
+    whatever else uses that GPU (a training worker on the same device)."""
     serve_tool_parser: str = "pythonic"
     """vLLM's tool-call parser for the servers the gateway starts (`--tool-call-parser`): without
     one vLLM refuses any request with tools. `pythonic` needs no special tokens, so it works with
@@ -50,6 +70,8 @@ class GatewayConfig:
     ...). Empty = tools off."""
 
     def __post_init__(self) -> None:
+        if not 0 < self.serve_gpu_memory_fraction < 1:
+            raise ValueError(f"serve_gpu_memory_fraction must be in (0, 1), got {self.serve_gpu_memory_fraction}")
         if not 0 <= self.canary_share < 1:
             raise ValueError(f"canary_share must be in [0, 1), got {self.canary_share}")
         for name in ("max_request_bytes", "max_messages", "ship_max_bytes"):
@@ -58,6 +80,15 @@ class GatewayConfig:
         for name in ("upstream_timeout_s", "ship_max_age_s", "watch_s", "drain_s", "feedback_days"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.rate_limit_rps < 0 or self.rate_limit_burst < 0:
+            raise ValueError("rate_limit_rps and rate_limit_burst must be >= 0 (0: no limit, one second's worth)")
+        for name in ([self.replica] if self.replica else []) + list(self.peer_urls):
+            if not REPLICA_NAME.fullmatch(name):
+                raise ValueError(f"replica names are 1-32 lowercase letters and digits, got {name!r}")
+        if self.replica in self.peer_urls:
+            raise ValueError(f"peers name this gateway's own replica {self.replica!r}")
+        if self.peer_urls and not self.replica:
+            raise ValueError("peers need this gateway's own `replica` name: its ids must say where they were logged")
 
     @property
     def client_keys(self) -> frozenset[str]:
@@ -66,6 +97,23 @@ class GatewayConfig:
     @property
     def admin_key_set(self) -> frozenset[str]:
         return _split(self.admin_keys)
+
+    @property
+    def peer_urls(self) -> dict[str, str]:
+        peers = {}
+        for entry in _split(self.peers):
+            name, sep, url = entry.partition("=")
+            if not sep or not url.strip().startswith(("http://", "https://")):
+                raise ValueError(f"peers entries are name=http://host:port, got {entry!r}")
+            peers[name.strip()] = url.strip().rstrip("/")
+        return peers
+
+    @property
+    def burst(self) -> int:
+        return self.rate_limit_burst or max(1, math.ceil(self.rate_limit_rps))
+
+
+REPLICA_NAME = re.compile(r"[a-z0-9]{1,32}")
 
 
 def _split(keys: str) -> frozenset[str]:

@@ -50,7 +50,8 @@ class ServedModel:
 
     @classmethod
     def start(cls, model_dir: Path, version: str, log_dir: Path, *, max_model_len: int = 4096,
-              kv_cache_gib: int = 1, tool_parser: str = "pythonic", port: int | None = None) -> ServedModel:
+              kv_cache_gib: int = 1, gpu_memory_fraction: float = 0.35, tool_parser: str = "pythonic",
+              port: int | None = None) -> ServedModel:
         port = port or free_port()
         context = min(max_model_len, read_facts(model_dir).context_length)
         dtype = "bfloat16" if torch.cuda.is_available() else "float32"
@@ -62,6 +63,8 @@ class ServedModel:
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                    "--served-model-name", version, "--host", "127.0.0.1", "--port", str(port),
                    "--max-model-len", str(context), "--dtype", dtype]  # request logging is off by default
+        if torch.cuda.is_available():  # vLLM's default (0.9) leaves no room for a swap's second server
+            command += ["--gpu-memory-utilization", str(gpu_memory_fraction)]
         if tool_parser:
             command += ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
         with log_path.open("w") as log_file:

@@ -58,6 +58,7 @@ class ProductionWatch:
         served = ServedModel.start(model_dir, version, self.gateway.settings.home / "gateway" / "logs",
                                    max_model_len=self.cfg.serve_max_model_len,
                                    kv_cache_gib=self.cfg.serve_kv_cache_gib,
+                                   gpu_memory_fraction=self.cfg.serve_gpu_memory_fraction,
                                    tool_parser=self.cfg.serve_tool_parser)
         self.starting.add(served)
         try:
