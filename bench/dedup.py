@@ -146,7 +146,7 @@ def run_datasketch(texts: list[str], cfg: minhash.MinHashConfig) -> tuple[np.nda
 def run_flywheel(texts: list[str], cfg: minhash.MinHashConfig) -> tuple[np.ndarray, tuple]:
     """curation.mark_duplicates on a fresh lake (no earlier tasks); per text, the kept text it joins."""
     cands = [curation.Candidate(str(i), "math", [], text, {}, content_hash(text)) for i, text in enumerate(texts)]
-    empty = curation.ExistingTasks([], [], np.empty((0, cfg.banding[0]), dtype=np.uint64))
+    empty = curation.ExistingTasks.none(cfg)
     start = _clock()
     curation.mark_duplicates(cands, empty, cfg)
     elapsed = _since(start)

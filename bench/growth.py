@@ -66,7 +66,7 @@ QUERIES = (
 )
 CURATE_PHASES = {curation: ("load_undecided", "mark_contaminated", "mark_unverifiable", "load_existing",
                             "mark_duplicates", "write_results"),
-                 coverage: ("load_catalog", "find_coverage", "new_coverage_rows")}
+                 coverage: ("load_catalog", "pending_coverage", "find_coverage", "new_coverage_rows")}
 
 
 class PeakRss:

@@ -73,6 +73,11 @@ SCHEMAS: dict[str, pa.Schema] = {
     "eval_coverage": _schema(
         ("eval_set", pa.string()), ("eval_version", pa.string()), ("item_id", pa.string()),
         ("task_id", pa.string()), ("method", pa.string()), ("evidence", _JSON), ("created_at", _TS)),
+    # one row per (eval set version, curate run): every task created at or before
+    # tasks_through has been checked against that version (as a log when it was curated,
+    # or by coverage since), so a later run checks only newer tasks, or a newer version
+    "coverage_checks": _schema(
+        ("eval_set", pa.string()), ("eval_version", pa.string()), ("tasks_through", _TS)),
     "decisions": _schema(
         ("log_id", pa.string()), ("decision", pa.string()), ("evidence", _JSON),
         ("task_id", pa.string()), ("decided_at", _TS)),

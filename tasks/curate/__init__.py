@@ -2,7 +2,8 @@
 
 Reads: `failure_logs` without a decision, `eval_items` (every registered version),
 `tasks` of earlier cycles. Writes: `tasks`, `decisions`, `eval_coverage`,
-`minhash_signatures`, in one DuckLake commit (`curation`).
+`coverage_checks`, `minhash_signatures`, one DuckLake commit per chunk of
+`chunk_logs` logs (`curation`).
 
 Each log, in arrival order, gets the first decision that applies:
 1. contaminated    its prompt copies an evaluation item: exact, n-gram overlap or
@@ -17,6 +18,7 @@ Each log, in arrival order, gets the first decision that applies:
 
 Beside the decisions: `evalsets` registers evaluation sets (versioned by content);
 `coverage` records evaluation items that tasks of earlier cycles already copy (a set
-registered after those tasks); `holdout` keeps a stable share of kept tasks out of
+registered after those tasks; only tasks newer than a version's `coverage_checks` mark
+are checked); `holdout` keeps a stable share of kept tasks out of
 training as the `fresh-failures` evaluation set.
 """

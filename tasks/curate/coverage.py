@@ -13,8 +13,12 @@ A hit on one item also covers every item with the same strong normal form (the s
 prompt in another set, or in several versions of one set; evidence names the item that
 matched). A task that copies two *different* items reports only the one with the
 strongest evidence, because `find_contamination` gives one item per prompt.
+Incremental: `coverage_checks` says, per evaluation set version, up to which task
+creation time every task has been checked against it (a task is checked against the
+whole catalog when its log is curated). A run checks only the tasks newer than a
+version's mark, so with no new set registered it checks none, however large the lake.
 Not here: what the evaluation does with covered items, and writing (`tasks.curate.curation`
-commits these rows together with its tasks and decisions).
+commits these rows, and the run's marks, together with its tasks and decisions).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from tasks.curate import decontaminate
 from tasks.curate.evalsets import eval_prompt_versions
 
 COVERAGE_TABLE = "eval_coverage"
+CHECKS_TABLE = "coverage_checks"
 _KEY = ("eval_set", "eval_version", "item_id", "task_id")
 
 
@@ -43,9 +48,14 @@ class EvalCatalog:
     versions: tuple[tuple[str, ...], ...]
 
 
-def load_catalog(con: duckdb.DuckDBPyConnection, cfg: decontaminate.DecontamConfig) -> EvalCatalog | None:
-    """The catalog of every registered item of every version; None when there is none."""
+def load_catalog(con: duckdb.DuckDBPyConnection, cfg: decontaminate.DecontamConfig,
+                 only: set[tuple[str, str]] | None = None) -> EvalCatalog | None:
+    """The catalog of every registered item of every version (or of the (eval_set,
+    eval_version) pairs in `only`); None when there is none."""
     rows = eval_prompt_versions(con)
+    if only is not None:
+        rows = [(s, i, p, [v for v in versions if (s, v) in only]) for s, i, p, versions in rows]
+        rows = [r for r in rows if r[3]]
     if not rows:
         return None
     items = [decontaminate.EvalItem(eval_set, item_id, prompt) for eval_set, item_id, prompt, _ in rows]
@@ -84,6 +94,50 @@ def find_coverage(catalog: EvalCatalog | None, task_ids: list[str], prompts: lis
                 rows.setdefault(key, {**dict(zip(_KEY, key)), "method": hit.method,
                                       "evidence": json.dumps(detail, sort_keys=True)})
     return [rows[key] for key in sorted(rows)]
+
+
+@dataclass(frozen=True)
+class CoverageRun:
+    rows: list[dict]                     # as find_coverage gives them
+    checked: list[tuple[str, str]]       # every (eval_set, eval_version) of the catalog
+    tasks_checked: int                   # task x version-group checks run (0: nothing new)
+
+
+def catalog_versions(catalog: EvalCatalog | None) -> list[tuple[str, str]]:
+    """Every (eval_set, eval_version) the catalog holds."""
+    if catalog is None:
+        return []
+    return sorted({(item.eval_set, v) for item, versions in zip(catalog.index.items, catalog.versions)
+                   for v in versions})
+
+
+def pending_coverage(con: duckdb.DuckDBPyConnection, catalog: EvalCatalog | None,
+                     cfg: decontaminate.DecontamConfig) -> CoverageRun:
+    """Coverage of every (task, set version) pair of `catalog` (the one this run's logs are
+    checked against) no earlier run checked: per group of versions with one mark, the tasks
+    created after it (every task, for a version never checked), against those versions."""
+    known = catalog_versions(catalog)
+    marks = {(s, v): mark for s, v, mark in con.execute(
+        f"SELECT eval_set, eval_version, max(tasks_through) FROM lake.{CHECKS_TABLE} GROUP BY ALL").fetchall()}
+    groups: dict[object, set[tuple[str, str]]] = {}
+    for pair in known:
+        groups.setdefault(marks.get(pair), set()).add(pair)
+    rows: list[dict] = []
+    checked = 0
+    for mark, versions in groups.items():
+        tasks = con.execute("SELECT task_id, prompt FROM lake.tasks WHERE ?::TIMESTAMPTZ IS NULL OR created_at > ? "
+                            "ORDER BY created_at, task_id", [mark, mark]).fetchall()
+        if tasks:
+            catalog = load_catalog(con, cfg, only=versions)
+            rows += find_coverage(catalog, [t for t, _ in tasks], [p for _, p in tasks], cfg)
+            checked += len(tasks)
+    return CoverageRun(sorted(rows, key=lambda r: tuple(r[k] for k in _KEY)), known, checked)
+
+
+def check_marks(checked: list[tuple[str, str]], tasks_through: datetime, cycle_id: str) -> pa.Table:
+    """The `coverage_checks` rows of a run: every version it knew, marked at its tasks' time."""
+    return pa.Table.from_pylist([{"eval_set": s, "eval_version": v, "tasks_through": tasks_through,
+                                  "cycle_id": cycle_id} for s, v in checked], schema=SCHEMAS[CHECKS_TABLE])
 
 
 def new_coverage_rows(con: duckdb.DuckDBPyConnection, rows: list[dict], cycle_id: str,

@@ -19,9 +19,10 @@ The other direction too: evaluation items that tasks of earlier cycles already c
 (`tasks.curate.coverage`; they matter when a set is registered after those tasks) become
 `eval_coverage` rows, each (item version, task) once.
 
-Everything is written in one DuckLake commit (tasks, decisions, eval coverage, and
-signatures when the lake has a `minhash_signatures` table), so a crash writes nothing
-and a rerun decides only the logs still undecided.
+Each chunk of `chunk_logs` logs is written in one DuckLake commit (tasks, decisions,
+signatures; the run's eval coverage and its marks with the first), so a crash loses at
+most the chunk in progress and a rerun decides only the logs still undecided, as the
+run would have.
 """
 from __future__ import annotations
 
@@ -63,10 +64,15 @@ class CurateConfig:
     decontam: decontaminate.DecontamConfig = field(default_factory=decontaminate.DecontamConfig)
     verifiers: VerifierConfig = field(default_factory=VerifierConfig)
     self_test_workers: int = 4
+    # Logs decided per commit: a chunk's candidates (~10 KB a log while curated) are what
+    # curation holds in memory, beside the lake's band keys; a 190k-log batch in one piece
+    # took 3.2 GB (bench/growth.py).
+    chunk_logs: int = 50_000
 
     def __post_init__(self) -> None:
-        if self.self_test_workers < 1:
-            raise ValueError(f"self_test_workers must be >= 1, got {self.self_test_workers}")
+        if self.self_test_workers < 1 or self.chunk_logs < 1:
+            raise ValueError(f"self_test_workers and chunk_logs must be >= 1, got {self.self_test_workers} "
+                             f"and {self.chunk_logs}")
 
 
 @dataclass(frozen=True)
@@ -96,13 +102,13 @@ class Candidate:
     decided_task: str | None = None
 
 
-def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> list[Candidate]:
-    """Logs without a decision, oldest first, as candidate tasks."""
+def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, limit: int | None = None) -> list[Candidate]:
+    """Logs without a decision, oldest first (the first `limit`), as candidate tasks."""
     rows = con.execute("""
         SELECT log_id, domain, verifier, messages, reference FROM lake.failure_logs f
         WHERE NOT EXISTS (SELECT 1 FROM lake.decisions d WHERE d.log_id = f.log_id)
         QUALIFY row_number() OVER (PARTITION BY log_id ORDER BY ts) = 1
-        ORDER BY ts, log_id""").fetchall()
+        ORDER BY ts, log_id LIMIT ?""", [limit]).fetchall()
     out = []
     for log_id, domain, verifier, messages, reference in rows:
         parsed = json.loads(messages)
@@ -157,29 +163,55 @@ def _self_test(verifier: str, spec: dict, cfg: CurateConfig) -> Verdict:
 
 @dataclass(frozen=True)
 class ExistingTasks:
+    """Every task's id and band keys. Prompts stay in the lake: only those of the few
+    tasks a new log's bands meet are read (`prompts_of`), so memory grows by the keys
+    alone (bands x 8 bytes a task), not by every prompt."""
+
     task_ids: list[str]
-    prompts: list[str]
     keys: np.ndarray  # (n, bands) band keys
+    con: duckdb.DuckDBPyConnection | None = None
+
+    @classmethod
+    def none(cls, cfg: minhash.MinHashConfig) -> ExistingTasks:
+        return cls([], np.empty((0, cfg.banding[0]), dtype=np.uint64))
+
+    def prompts_of(self, rows: np.ndarray) -> list[str]:
+        return fetch_prompts(self.con, [self.task_ids[i] for i in rows.tolist()]) if len(rows) else []
 
 
-def load_existing(con: duckdb.DuckDBPyConnection, cfg: minhash.MinHashConfig) -> ExistingTasks:
-    """Every task, with band keys from persisted signatures where the lake has them."""
-    rows = con.execute("SELECT task_id, prompt FROM lake.tasks ORDER BY created_at, task_id").fetchall()
-    task_ids, prompts = [r[0] for r in rows], [r[1] for r in rows]
-    sigs = np.empty((len(rows), cfg.num_perm), dtype=np.uint32)
-    have = np.zeros(len(rows), dtype=bool)
-    if SIGNATURES_TABLE in SCHEMAS and rows:
-        stored = con.execute(f"SELECT task_id, signature FROM lake.{SIGNATURES_TABLE} WHERE scheme = ?",
-                             [cfg.scheme]).fetchall()
-        where = {t: i for i, t in enumerate(task_ids)}
-        for task_id, blob in stored:
-            if task_id in where:
-                sigs[where[task_id]] = np.frombuffer(blob, dtype="<u4")
-                have[where[task_id]] = True
-    missing = np.flatnonzero(~have)
-    if missing.size:  # tasks written before signatures were kept, or under another scheme
-        sigs[missing] = minhash.sketch_texts([prompts[i] for i in missing], cfg).signatures
-    return ExistingTasks(task_ids, prompts, minhash.band_keys(sigs, cfg))
+def fetch_prompts(con: duckdb.DuckDBPyConnection, task_ids: list[str]) -> list[str]:
+    """The prompts of `task_ids`, in their order."""
+    got = dict(con.execute("SELECT task_id, prompt FROM lake.tasks WHERE task_id IN (SELECT unnest(?::VARCHAR[]))",
+                           [task_ids]).fetchall())
+    return [got[t] for t in task_ids]
+
+
+def load_existing(con: duckdb.DuckDBPyConnection, cfg: minhash.MinHashConfig,
+                  block: int = 65536) -> ExistingTasks:
+    """Every task, with band keys from persisted signatures where the lake has them; read
+    `block` tasks at a time, so a signature is held only until its keys are made."""
+    result = con.execute(f"""
+        SELECT t.task_id, s.signature FROM lake.tasks t
+        LEFT JOIN lake.{SIGNATURES_TABLE} s ON s.task_id = t.task_id AND s.scheme = ?
+        ORDER BY t.created_at, t.task_id""", [cfg.scheme])
+    task_ids: list[str] = []
+    keys: list[np.ndarray] = []  # (bands, block) each: a band's keys stay contiguous
+    missing: list[int] = []
+    while rows := result.fetchmany(block):
+        sigs = np.zeros((len(rows), cfg.num_perm), dtype=np.uint32)
+        for i, (task_id, blob) in enumerate(rows):
+            if blob is None:
+                missing.append(len(task_ids) + i)
+            else:
+                sigs[i] = np.frombuffer(blob, dtype="<u4")
+        task_ids += [r[0] for r in rows]
+        keys.append(minhash.band_keys(sigs, cfg).T)
+    all_keys = (np.concatenate(keys, axis=1).T if keys
+                else np.empty((0, cfg.banding[0]), dtype=np.uint64))
+    if missing:  # tasks written before signatures were kept, or under another scheme
+        sigs = minhash.sketch_texts(fetch_prompts(con, [task_ids[i] for i in missing]), cfg).signatures
+        all_keys[missing] = minhash.band_keys(sigs, cfg)
+    return ExistingTasks(task_ids, all_keys, con)
 
 
 def _verified_pairs(cands: list[Candidate], existing: ExistingTasks, cfg: minhash.MinHashConfig):
@@ -189,7 +221,7 @@ def _verified_pairs(cands: list[Candidate], existing: ExistingTasks, cfg: minhas
     inner_sims = minhash.exact_jaccard(new.shingles, new.shingles, inner)
     outer = minhash.probe_pairs(new.keys, existing.keys) if existing.task_ids else np.empty((0, 2), np.int64)
     needed = np.unique(outer[:, 1])
-    old_shingles = minhash.shingle_batch(tokenize_batch([existing.prompts[i] for i in needed]), cfg.ngram)
+    old_shingles = minhash.shingle_batch(tokenize_batch(existing.prompts_of(needed)), cfg.ngram)
     local = np.stack([outer[:, 0], np.searchsorted(needed, outer[:, 1])], 1)
     outer_sims = minhash.exact_jaccard(new.shingles, old_shingles, local)
     keep_in, keep_out = inner_sims >= cfg.threshold, outer_sims >= cfg.threshold
@@ -234,7 +266,7 @@ def mark_duplicates(cands: list[Candidate], existing: ExistingTasks,
 
 
 def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: np.ndarray,
-                  covered: pa.Table, cfg: CurateConfig, cycle_id: str, now: datetime) -> None:
+                  covered: pa.Table, marks: pa.Table, cfg: CurateConfig, cycle_id: str, now: datetime) -> None:
     kept = [c for c in cands if c.decision == "kept"]
     sources: dict[str, list[str]] = {c.task_id: [c.log_id] for c in kept}
     for c in cands:
@@ -254,11 +286,11 @@ def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: 
         append_rows(con, "tasks", tasks)
         append_rows(con, "decisions", decisions)
         append_rows(con, coverage.COVERAGE_TABLE, covered)
-        if SIGNATURES_TABLE in SCHEMAS:
-            rows = [{"task_id": c.task_id, "scheme": cfg.minhash.scheme,
-                     "signature": sigs[i].astype("<u4").tobytes(), "cycle_id": cycle_id}
-                    for i, c in enumerate(cands) if c.decision == "kept"]
-            append_rows(con, SIGNATURES_TABLE, pa.Table.from_pylist(rows, schema=SCHEMAS[SIGNATURES_TABLE]))
+        append_rows(con, coverage.CHECKS_TABLE, marks)
+        rows = [{"task_id": c.task_id, "scheme": cfg.minhash.scheme,
+                 "signature": sigs[i].astype("<u4").tobytes(), "cycle_id": cycle_id}
+                for i, c in enumerate(cands) if c.decision == "kept"]
+        append_rows(con, SIGNATURES_TABLE, pa.Table.from_pylist(rows, schema=SCHEMAS[SIGNATURES_TABLE]))
 
 
 def eval_index(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> decontaminate.EvalIndex | None:
@@ -267,23 +299,35 @@ def eval_index(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> decontamina
 
 
 def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> CurationCounts:
-    """Decide every undecided log and record eval items that earlier tasks cover; write
-    tasks, decisions and coverage in one commit."""
+    """Decide every undecided log, `cfg.chunk_logs` at a time in arrival order, and record
+    eval items that earlier tasks cover. Each chunk is one commit (tasks, decisions,
+    signatures; the first also the coverage and its marks), and the next chunk sees its
+    tasks, so the decisions are those of one big run, with memory bounded by a chunk."""
     started, now = time.perf_counter(), datetime.now(timezone.utc)
-    cands = load_undecided(con, cfg)
     catalog = coverage.load_catalog(con, cfg.decontam)
-    mark_contaminated(cands, catalog.index if catalog else None, cfg)
-    mark_unverifiable(cands, cfg)
-    existing = load_existing(con, cfg.minhash)
-    sigs = mark_duplicates(cands, existing, cfg.minhash)
-    # this run's new tasks were just checked against every item, so only earlier ones can cover
-    covered = coverage.new_coverage_rows(
-        con, coverage.find_coverage(catalog, existing.task_ids, existing.prompts, cfg.decontam), cycle_id, now)
-    if cands or covered.num_rows:
-        write_results(con, cands, sigs, covered, cfg, cycle_id, now)
-    count = {kind: sum(c.decision == kind for c in cands) for kind in DECISIONS}
-    return CurationCounts(logs=len(cands), coverage_rows=covered.num_rows,
-                          seconds=time.perf_counter() - started, **count)
+    # this run's logs are checked against every item as they are curated, so only
+    # earlier tasks can cover an item, and only items of versions newer than their mark
+    pending = coverage.pending_coverage(con, catalog, cfg.decontam)
+    covered = coverage.new_coverage_rows(con, pending.rows, cycle_id, now)
+    marks = coverage.check_marks(pending.checked, now, cycle_id)
+    count = dict.fromkeys(DECISIONS, 0)
+    logs, coverage_rows = 0, covered.num_rows
+    while True:
+        cands = load_undecided(con, cfg, limit=cfg.chunk_logs)
+        mark_contaminated(cands, catalog.index if catalog else None, cfg)
+        mark_unverifiable(cands, cfg)
+        sigs = (mark_duplicates(cands, load_existing(con, cfg.minhash), cfg.minhash) if cands
+                else np.zeros((0, cfg.minhash.num_perm), dtype=np.uint32))
+        if cands or covered.num_rows or pending.tasks_checked:
+            write_results(con, cands, sigs, covered, marks, cfg, cycle_id, now)
+        covered, marks = covered.slice(0, 0), marks.slice(0, 0)  # written once
+        pending = coverage.CoverageRun([], [], 0)
+        logs += len(cands)
+        for c in cands:
+            count[c.decision] += 1
+        if len(cands) < cfg.chunk_logs:
+            break
+    return CurationCounts(logs=logs, coverage_rows=coverage_rows, seconds=time.perf_counter() - started, **count)
 
 
 def run(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, key: StageKey) -> dict:

@@ -81,3 +81,28 @@ def test_overlap_evidence_answers_why_an_item_is_covered(lake_settings, tmp_path
     evidence = json.loads(row[5])
     assert evidence["coverage"] >= CFG.decontam.min_coverage
     assert len(evidence["ngram"].split()) == CFG.decontam.ngram
+
+
+def test_a_run_checks_only_tasks_newer_than_each_versions_mark(lake_settings, tmp_path):
+    from tasks.curate.coverage import load_catalog, pending_coverage
+
+    def pending(con):
+        return pending_coverage(con, load_catalog(con, CFG.decontam), CFG.decontam)
+
+    con = open_lake(lake_settings)
+    _ingest(con, tmp_path / "c1.jsonl", [LEAKED, STORY], "c1")
+    curate(con, CFG, "c1")
+    assert pending(con).tasks_checked == 0  # no eval set: nothing to check against
+    _evalset(con, tmp_path, "school", [("e7", LEAKED.upper())])
+    first = pending(con)
+    assert (first.tasks_checked, [r["item_id"] for r in first.rows]) == (2, ["e7"])
+    assert curate(con, CFG, "c2").coverage_rows == 1
+    assert pending(con).tasks_checked == 0  # both tasks are marked as checked against that version
+    _ingest(con, tmp_path / "c3.jsonl", [OTHER], "c3")
+    curate(con, CFG, "c3")  # a new task, checked as a log against every version
+    assert pending(con).tasks_checked == 0
+    _evalset(con, tmp_path, "quiz", [("q1", OTHER.lower()), ("q2", STORY)])
+    later = pending(con)  # only the new set, against all three tasks
+    assert later.tasks_checked == 3 and [r["item_id"] for r in later.rows] == ["q1", "q2"]
+    assert curate(con, CFG, "c4").coverage_rows == 2
+    assert pending(con).tasks_checked == 0 and curate(con, CFG, "c5").coverage_rows == 0

@@ -5,7 +5,6 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pytest
 
 from storage.lake import open_lake
@@ -114,14 +113,15 @@ def demo(tmp_path_factory) -> tuple[Path, list[Path]]:
     return out, halves
 
 
-def _demo_decisions(settings: LakeSettings, demo: Path, halves: list[Path], cycles: int) -> dict[str, tuple]:
+def _demo_decisions(settings: LakeSettings, demo: Path, halves: list[Path], cycles: int,
+                    cfg: CurateConfig = CFG) -> dict[str, tuple]:
     con = open_lake(settings)
     for path in sorted((demo / "evalsets").iterdir()):
         register_evalset(con, path.stem, path)
     for n, path in enumerate(halves):
         ingest_file(con, path, str(path), IngestConfig(chunk_lines=1000), f"c{n}")
         if cycles == 2 or n == 1:
-            assert curate(con, CFG, f"c{n}").logs > 0
+            assert curate(con, cfg, f"c{n}").logs > 0
     return _decisions(con)
 
 
@@ -141,6 +141,10 @@ def test_demo_figures_and_incremental_runs_match_one_big_run(demo, tmp_path):
     assert (len(manifest["clean"]) - clean["kept"]) / len(manifest["clean"]) < 0.01, clean
     split = _demo_decisions(LakeSettings(home=tmp_path / "two"), out, halves, cycles=2)
     assert {k: (v[0], v[2]) for k, v in split.items()} == {k: (v[0], v[2]) for k, v in whole.items()}
+    # one run in commits of 97 logs decides as one commit does (each chunk sees the last's tasks)
+    chunked = _demo_decisions(LakeSettings(home=tmp_path / "chunks"), out, halves, cycles=1,
+                              cfg=CurateConfig(chunk_logs=97))
+    assert {k: (v[0], v[2]) for k, v in chunked.items()} == {k: (v[0], v[2]) for k, v in whole.items()}
 
 
 def test_near_duplicates_join_the_most_similar_earlier_task_and_keep_the_rest():
@@ -155,7 +159,7 @@ def test_near_duplicates_join_the_most_similar_earlier_task_and_keep_the_rest():
     ]
     cfg = MinHashConfig()
     cands = [Candidate(str(i), "math", [], t, {}, content_hash(t)) for i, t in enumerate(texts)]
-    mark_duplicates(cands, ExistingTasks([], [], np.empty((0, cfg.banding[0]), dtype=np.uint64)), cfg)
+    mark_duplicates(cands, ExistingTasks.none(cfg), cfg)
     assert [c.decision for c in cands] == ["kept", "kept", "duplicate", "near_duplicate", "kept"]
     assert cands[2].decided_task == cands[3].decided_task == cands[1].task_id  # only kept tasks are joined
     assert cands[3].evidence["similarity"] >= cfg.threshold  # a shared opening alone is not enough (4)
