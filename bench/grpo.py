@@ -59,9 +59,11 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return mean, 1.96 * math.sqrt(var / n)
 
 
-def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed: int = 0) -> tuple[Path, dict]:
+def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed: int = 0,
+               **grpo: object) -> tuple[Path, dict]:
     """One round: rollouts -> rewards -> a DeepSpeed GRPO job. Returns the trained model
-    and the round's figures (seconds sampling and training, steps, rollout reward)."""
+    and the round's figures (seconds sampling and training, steps, rollout reward).
+    `grpo`: GRPOConfig fields to set beyond the bench's own (an A/B arm's one change)."""
     t0 = time.perf_counter()
     cfg = EngineConfig(backend=args.engine, n=args.group, max_tokens=6, seed=100 + round_idx + 1000 * seed)
     samples = generate(model_dir, [prompt(a, b) for a, b in problems], cfg)
@@ -78,7 +80,7 @@ def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed
     t1 = time.perf_counter()
     job = write_job(work / f"job_{round_idx}", TrainJob(str(model_dir), str(rollouts), GRPOConfig(
         steps=args.steps_per_round, groups_per_step=args.prompts_per_step, lr=args.lr,
-        max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx + 1000 * seed)))
+        max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx + 1000 * seed, **grpo)))
     trained = run_training(job, n_procs=args.procs, device="cpu", timeout_s=1800)
     m = read_metrics(job)
     figures = {"sample_s": t1 - t0, "train_s": time.perf_counter() - t1, "steps": len(m),

@@ -1,6 +1,7 @@
 """GRPO against its peer: flywheel's trainer vs TRL's GRPOTrainer, like for like, one run each.
 
     python bench/grpo_peer.py [--rounds 4] [--seed 0] [--with-vllm] [--sft-model DIR] [--trl-fresh-moments]
+                              [--keep-uniform-groups] [--save-start DIR]
 
 One SFT-warmed tiny model (flows/demo, 2-digit additions, as bench/grpo.py makes it) is
 saved once; both arms start from that folder:
@@ -46,6 +47,8 @@ Not matched, by design of either trainer:
   sampled batch's tokens / steps_per_generation (the mean over the round's steps).
 - TIS (tis_cap 2): flywheel weights tokens by pi_old / pi_sampler; with both samplers in
   float32 transformers the weight is ~1. TRL applies its IS correction only with vLLM.
+  `--keep-uniform-groups` adds a flywheel arm with `dynamic_sampling=False`: every group
+  in its step once, uniform ones with zero advantage, TRL's schedule.
 - Optimiser state: each flywheel round is a fresh DeepSpeed job with fresh AdamW
   moments; TRL's single run keeps them across rounds. `--trl-fresh-moments` adds a TRL
   arm whose AdamW state is cleared at each round's first step, to measure what that costs.
@@ -63,6 +66,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -150,14 +154,16 @@ def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args, f
             "steps": trainer.state.global_step}
 
 
-def run_flywheel(start: Path, work: Path, rounds: list[list[tuple[int, int]]], args, engine: str) -> dict:
-    """flywheel's arm: bench/grpo.py's rounds (rollouts, reward, DeepSpeed GRPO job)."""
+def run_flywheel(start: Path, work: Path, rounds: list[list[tuple[int, int]]], args, engine: str,
+                 **grpo: object) -> dict:
+    """flywheel's arm: bench/grpo.py's rounds (rollouts, reward, DeepSpeed GRPO job);
+    `grpo`: GRPOConfig fields an A/B arm changes."""
     arm_args = argparse.Namespace(**{**vars(args), "engine": engine, "procs": 1})
     work.mkdir(parents=True)
     model, figures = start, []
     t0 = time.perf_counter()
     for r, problems in enumerate(rounds):
-        model, f = grpo_round(model, work, problems, arm_args, r, seed=args.seed)
+        model, f = grpo_round(model, work, problems, arm_args, r, seed=args.seed, **grpo)
         figures.append(f)
     return {"model": model, "wall_s": time.perf_counter() - t0,
             "sample_s": sum(f["sample_s"] for f in figures), "steps": sum(f["steps"] for f in figures)}
@@ -200,6 +206,11 @@ def report(before: list[float], arms: dict[str, tuple[dict, list[float]]], args)
           f"({fw['wall_s']:.0f}s / {peer['wall_s']:.0f}s)")
     out.update(gain_ratio=ratio, gain_ratio_95=[lo, hi], final_diff=diff, final_diff_ci=diff_ci,
                time_ratio=fw["wall_s"] / peer["wall_s"])
+    for name, (_fig, after) in arms.items():
+        if name not in ("flywheel (transformers)", "TRL GRPOTrainer"):
+            d, d_ci = mean_ci([x - y for x, y in zip(after, peer_after)])
+            print(f"{name} - TRL: final pass@1 {d:+.3f} +/- {d_ci:.3f} (paired)")
+            out[name]["minus_trl"] = [d, d_ci]
     return out
 
 
@@ -220,6 +231,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--with-vllm", action="store_true", help="also run flywheel with vLLM rollouts")
     p.add_argument("--trl-fresh-moments", action="store_true",
                    help="also run TRL with AdamW's moments cleared each round, as flywheel's jobs start")
+    p.add_argument("--keep-uniform-groups", action="store_true",
+                   help="also run flywheel without dynamic sampling: every group in its step, as TRL trains")
+    p.add_argument("--save-start", type=Path, default=None, help="copy the SFT start model here, for --sft-model")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args()
 
@@ -242,11 +256,16 @@ def main() -> None:
     data.write_text("".join(json.dumps({"prompt": prompt(a, b)[0]["content"], "completion": str(a + b)}) + "\n"
                             for a, b in train))
     start = args.sft_model or warm_start(work, data, args)
+    if args.save_start and not args.sft_model:
+        shutil.copytree(start, args.save_start, dirs_exist_ok=True)
     print(f"start model {start}; {threads} torch threads an arm; load {Path('/proc/loadavg').read_text().strip()}")
     figures = {"flywheel (transformers)": lambda: run_flywheel(start, work / "fw", rounds, args, "transformers"),
                "TRL GRPOTrainer": lambda: run_trl(start, work / "trl", rounds, args)}
     if args.trl_fresh_moments:
         figures["TRL, fresh AdamW a round"] = lambda: run_trl(start, work / "trl-fresh", rounds, args, True)
+    if args.keep_uniform_groups:
+        figures["flywheel, every group"] = lambda: run_flywheel(start, work / "fw-all", rounds, args, "transformers",
+                                                                dynamic_sampling=False)
     if args.with_vllm:
         figures["flywheel (vLLM rollouts)"] = lambda: run_flywheel(start, work / "fw-vllm", rounds, args, "vllm")
     arms = {}

@@ -56,9 +56,9 @@ def run(job_dir: Path) -> None:
     job = read_job(job_dir)
     cfg = job.config
     torch.manual_seed(cfg.seed)
-    groups = group_rollouts(read_rollouts(job.rollouts), cfg.scale_by_std)
+    groups = group_rollouts(read_rollouts(job.rollouts), cfg.scale_by_std, cfg.dynamic_sampling)
     sft_rows = read_sft_rows(job.sft_rows)
-    if groups.groups_kept == 0 and not sft_rows:
+    if groups.with_signal == 0 and not sft_rows:
         raise RolloutDataError(f"{job.rollouts}: no group has reward variance and the job has no SFT rows; "
                                "nothing to learn from")
     model, pad_id = load_policy(job.base_model)

@@ -40,6 +40,10 @@ class GRPOConfig:
     # steps if that comes first. In the demo, 65 kept groups x 8 steps x 32 = 4 passes
     # over stale samples drove KL to 0.19 and gave a candidate worse than its parent.
     max_epochs: float = 2.0
+    # Dynamic sampling (DAPO): groups whose rewards are all equal are dropped and the steps
+    # are filled with groups that carry signal. False keeps them (zero advantage, no
+    # gradient, but their tokens count in the dapo normaliser), as TRL's GRPOTrainer does.
+    dynamic_sampling: bool = True
     # Measured on the tiny model (on-policy, 32 prompts x 8 a step): 1e-3 collapsed it
     # (25% -> 0.3%), 1e-4 drifted down, 3e-5 raised held-out pass@1 25% -> 31% in 50 steps.
     lr: float = 3e-5

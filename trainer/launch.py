@@ -31,11 +31,13 @@ def free_port() -> int:
 
 def check_job(job_dir: Path) -> None:
     job = read_job(job_dir)
-    groups = group_rollouts(read_rollouts(job.rollouts), job.config.scale_by_std)
+    groups = group_rollouts(read_rollouts(job.rollouts), job.config.scale_by_std,
+                            job.config.dynamic_sampling)
     sft_rows = read_sft_rows(job.sft_rows)
-    if groups.groups_kept == 0 and not sft_rows:
-        raise RolloutDataError(f"{job.rollouts}: all {groups.groups_dropped} groups have zero reward "
-                               "variance and the job has no SFT rows; nothing to learn from "
+    if groups.with_signal == 0 and not sft_rows:
+        total = groups.groups_kept + groups.groups_dropped
+        raise RolloutDataError(f"{job.rollouts}: all {total} groups have zero reward variance and the "
+                               "job has no SFT rows; nothing to learn from "
                                "(sample more, pick harder tasks, or give unsolved tasks references)")
     if job.resume == "must":
         latest_tag(checkpoint_dir(job_dir), required=True)

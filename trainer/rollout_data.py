@@ -38,6 +38,7 @@ class Groups:
     valid: torch.Tensor         # [len(rows)] bool: verdict is a real judgement
     groups_kept: int
     groups_dropped: int
+    with_signal: int            # groups whose rewards differ (all kept ones, with dynamic sampling)
 
 
 def read_rollouts(path: str | Path) -> list[dict]:
@@ -82,20 +83,23 @@ def check_row(i: int, row: dict) -> None:
         raise RolloutDataError(f"rollout row {i}: reward must be a finite number, got {reward!r}")
 
 
-def group_rollouts(rows: list[dict], scale_by_std: bool) -> Groups:
-    """Group by task, compute advantages, drop groups that carry no signal."""
+def group_rollouts(rows: list[dict], scale_by_std: bool, drop_uniform: bool = True) -> Groups:
+    """Group by task, compute advantages, drop groups that carry no signal (unless
+    `drop_uniform` is False: then they stay, with zero advantages, and count as kept)."""
     by_task: dict[str, list[dict]] = {}
     for row in sorted(rows, key=lambda r: (str(r["task_id"]), r["sample_idx"])):
         by_task.setdefault(str(row["task_id"]), []).append(row)
     kept_rows: list[dict] = []
     slices, advs, valids = [], [], []
-    dropped = 0
+    dropped = with_signal = 0
     for task_id, group in by_task.items():
         if len({tuple(r["prompt_token_ids"]) for r in group}) != 1:
             raise RolloutDataError(f"task {task_id}: samples of one group have different prompts")
         rewards = torch.tensor([[float(r["reward"]) for r in group]], dtype=torch.float64)
         valid = valid_mask([r["status"] for r in group]).reshape(1, -1)
-        if not keep_groups(rewards, valid)[0]:
+        signal = bool(keep_groups(rewards, valid)[0])
+        with_signal += signal
+        if drop_uniform and not signal:
             dropped += 1
             continue
         slices.append(slice(len(kept_rows), len(kept_rows) + len(group)))
@@ -106,7 +110,7 @@ def group_rollouts(rows: list[dict], scale_by_std: bool) -> Groups:
         rows=kept_rows, group_slices=slices,
         advantages=torch.cat(advs).float() if advs else torch.zeros(0),
         valid=torch.cat(valids) if valids else torch.zeros(0, dtype=torch.bool),
-        groups_kept=len(slices), groups_dropped=dropped)
+        groups_kept=len(slices), groups_dropped=dropped, with_signal=with_signal)
 
 
 def step_group_order(n_groups: int, groups_per_step: int, step: int, seed: int) -> list[int]:

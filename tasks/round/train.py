@@ -175,10 +175,10 @@ def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_v
     staging.parent.mkdir(parents=True, exist_ok=True)
     exported = export_rollouts(con, sampled_by, round_idx, staging, cycle_id)
     sft = export_sft(con, base_model, sampled_by, round_idx, staging_sft, cycle_id, cfg)
-    groups = group_rollouts(read_rollouts(staging), cfg.grpo.scale_by_std)
-    if groups.groups_kept == 0 and not sft["sft_rows"]:
+    groups = group_rollouts(read_rollouts(staging), cfg.grpo.scale_by_std, cfg.grpo.dynamic_sampling)
+    if groups.with_signal == 0 and not sft["sft_rows"]:
         staging.unlink()
-        raise NothingToLearn(groups.groups_dropped)
+        raise NothingToLearn(groups.groups_kept + groups.groups_dropped)
     sft_ids = pq.read_table(staging_sft)["task_id"].to_pylist() if sft["sft_rows"] else []
     version = new_policy_version(parent_version, round_idx, exported["rollout_id"].to_pylist(), cfg, sft_ids)
     known = con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]

@@ -56,6 +56,16 @@ def test_grouping_drops_flat_groups_and_masks_infra_failures():
     assert [r["sample_idx"] for r in groups.rows] == [0, 1, 2]
     assert groups.advantages.tolist() == [0.5, -0.5, 0.0]
     assert groups.valid.tolist() == [True, True, False]
+    assert groups.with_signal == 1
+
+
+def test_without_dynamic_sampling_flat_groups_stay_with_zero_advantage():
+    rows = [row("a", 0, 1.0), row("a", 1, 0.0), row("b", 0, 1.0), row("b", 1, 1.0), row("c", 0, 0.0),
+            row("c", 1, 0.0)]
+    groups = group_rollouts(rows, scale_by_std=False, drop_uniform=False)
+    assert (groups.groups_kept, groups.groups_dropped, groups.with_signal) == (3, 0, 1)
+    assert groups.advantages.tolist() == [0.5, -0.5, 0.0, 0.0, 0.0, 0.0]
+    assert group_rollouts(rows[2:], scale_by_std=False, drop_uniform=False).with_signal == 0
 
 
 def test_group_with_mixed_prompts_is_rejected():
