@@ -103,12 +103,19 @@ class Candidate:
 
 
 def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, limit: int | None = None) -> list[Candidate]:
-    """Logs without a decision, oldest first (the first `limit`), as candidate tasks."""
+    """Logs without a decision, oldest first (the first `limit`), as candidate tasks.
+
+    The order and the limit are taken over (log_id, ts) alone and only the chosen logs'
+    messages are read: sorting 900k undecided logs with their messages in one window ran
+    out of DuckDB's 1 GB (bench/growth.py)."""
     rows = con.execute("""
-        SELECT log_id, domain, verifier, messages, reference FROM lake.failure_logs f
-        WHERE NOT EXISTS (SELECT 1 FROM lake.decisions d WHERE d.log_id = f.log_id)
-        QUALIFY row_number() OVER (PARTITION BY log_id ORDER BY ts) = 1
-        ORDER BY ts, log_id LIMIT ?""", [limit]).fetchall()
+        WITH chosen AS (
+            SELECT log_id, min(ts) AS ts FROM lake.failure_logs f
+            WHERE NOT EXISTS (SELECT 1 FROM lake.decisions d WHERE d.log_id = f.log_id)
+            GROUP BY log_id ORDER BY ts, log_id LIMIT ?)
+        SELECT log_id, domain, verifier, messages, reference FROM lake.failure_logs JOIN chosen USING (log_id, ts)
+        QUALIFY row_number() OVER (PARTITION BY log_id) = 1
+        ORDER BY ts, log_id""", [limit]).fetchall()
     out = []
     for log_id, domain, verifier, messages, reference in rows:
         parsed = json.loads(messages)
@@ -188,29 +195,29 @@ def fetch_prompts(con: duckdb.DuckDBPyConnection, task_ids: list[str]) -> list[s
 
 def load_existing(con: duckdb.DuckDBPyConnection, cfg: minhash.MinHashConfig,
                   block: int = 65536) -> ExistingTasks:
-    """Every task, with band keys from persisted signatures where the lake has them; read
-    `block` tasks at a time, so a signature is held only until its keys are made."""
-    result = con.execute(f"""
-        SELECT t.task_id, s.signature FROM lake.tasks t
-        LEFT JOIN lake.{SIGNATURES_TABLE} s ON s.task_id = t.task_id AND s.scheme = ?
-        ORDER BY t.created_at, t.task_id""", [cfg.scheme])
+    """Every task, with band keys from persisted signatures where the lake has them. The
+    signatures stream in `block` rows at a time, each held only until its keys are made,
+    and unsorted: no join or sort of 1M x 512-byte rows has to fit DuckDB's memory (the
+    order of the tasks decides nothing; ties between partners break by task id)."""
     task_ids: list[str] = []
     keys: list[np.ndarray] = []  # (bands, block) each: a band's keys stay contiguous
-    missing: list[int] = []
+    tasks = {r[0] for r in con.execute("SELECT task_id FROM lake.tasks").fetchall()}
+    result = con.execute(f"SELECT task_id, signature FROM lake.{SIGNATURES_TABLE} WHERE scheme = ?", [cfg.scheme])
     while rows := result.fetchmany(block):
+        rows = [r for r in rows if r[0] in tasks]
         sigs = np.zeros((len(rows), cfg.num_perm), dtype=np.uint32)
         for i, (task_id, blob) in enumerate(rows):
-            if blob is None:
-                missing.append(len(task_ids) + i)
-            else:
-                sigs[i] = np.frombuffer(blob, dtype="<u4")
+            sigs[i] = np.frombuffer(blob, dtype="<u4")
+            tasks.discard(task_id)  # signed: and once only
         task_ids += [r[0] for r in rows]
         keys.append(minhash.band_keys(sigs, cfg).T)
+    missing = sorted(tasks)  # tasks written before signatures were kept, or under another scheme
+    if missing:
+        sigs = minhash.sketch_texts(fetch_prompts(con, missing), cfg).signatures
+        keys.append(minhash.band_keys(sigs, cfg).T)
+        task_ids += missing
     all_keys = (np.concatenate(keys, axis=1).T if keys
                 else np.empty((0, cfg.banding[0]), dtype=np.uint64))
-    if missing:  # tasks written before signatures were kept, or under another scheme
-        sigs = minhash.sketch_texts(fetch_prompts(con, [task_ids[i] for i in missing]), cfg).signatures
-        all_keys[missing] = minhash.band_keys(sigs, cfg)
     return ExistingTasks(task_ids, all_keys, con)
 
 

@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pytest
 
 from storage.lake import open_lake
@@ -178,3 +179,19 @@ def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
     hits = decontaminate.find_contamination([r[1] for r in rows], index, cfg.decontam)
     return [{"eval_set": h.evidence["eval_set"], "item_id": h.evidence["item_id"],
              "task_id": rows[h.record][0], "evidence": h.evidence} for h in hits]
+
+
+def test_existing_tasks_keys_come_from_stored_signatures_or_are_made_again_alike(lake_settings, tmp_path):
+    from tasks.curate.curation import load_existing
+
+    con = open_lake(lake_settings)
+    _ingest(con, tmp_path / "logs.jsonl", [_log(1, STORY, {"answer": "3"}), _log(2, LEAKED, {"answer": "63"}),
+                                           _log(3, "What is 17*23?", {"answer": "391"})], "c1")
+    curate(con, CFG, "c1")
+    stored = load_existing(con, CFG.minhash, block=2)  # blocks of 2: a ragged last one
+    by_task = {t: k.tolist() for t, k in zip(stored.task_ids, stored.keys)}
+    assert len(by_task) == 3 and stored.prompts_of(stored.keys[:0, 0]) == []
+    assert sorted(stored.prompts_of(np.arange(3))) == sorted([STORY, LEAKED, "What is 17*23?"])
+    con.execute("DELETE FROM lake.minhash_signatures WHERE task_id = ?", [stored.task_ids[0]])
+    remade = load_existing(con, CFG.minhash)  # one task lost its row: signed again from its prompt
+    assert {t: k.tolist() for t, k in zip(remade.task_ids, remade.keys)} == by_task
