@@ -17,7 +17,8 @@ Variant: GRPO (Shao et al. 2024, DeepSeekMath) with the later fixes, each a swit
 - Departures from the paper: no std scaling and no KL by default; invalid rollouts
   (verifier timeout or sandbox error) are masked out of the group statistics and the
   loss instead of being scored 0; zero-variance groups are dropped (dynamic sampling,
-  DAPO) without being resampled — the next rollout round refills the batch.
+  DAPO; `GRPOConfig.dynamic_sampling=False` keeps them) without being resampled — the
+  next rollout round refills the batch.
 Not here: models, optimisers, batching, distributed reductions (see trainer.grpo).
 """
 
