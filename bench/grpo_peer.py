@@ -1,7 +1,7 @@
 """GRPO against its peer: flywheel's trainer vs TRL's GRPOTrainer, like for like, one run each.
 
     python bench/grpo_peer.py [--rounds 4] [--seed 0] [--with-vllm] [--sft-model DIR] [--trl-fresh-moments]
-                              [--keep-uniform-groups] [--save-start DIR]
+                              [--keep-uniform-groups] [--once-each] [--save-start DIR]
 
 One SFT-warmed tiny model (flows/demo, 2-digit additions, as bench/grpo.py makes it) is
 saved once; both arms start from that folder:
@@ -48,7 +48,8 @@ Not matched, by design of either trainer:
 - TIS (tis_cap 2): flywheel weights tokens by pi_old / pi_sampler; with both samplers in
   float32 transformers the weight is ~1. TRL applies its IS correction only with vLLM.
   `--keep-uniform-groups` adds a flywheel arm with `dynamic_sampling=False`: every group
-  in its step once, uniform ones with zero advantage, TRL's schedule.
+  in its step once, uniform ones with zero advantage, TRL's schedule; `--once-each` one
+  with `max_epochs=1`: uniform groups dropped, every kept group once, so fewer steps.
 - Optimiser state: each flywheel round is a fresh DeepSpeed job with fresh AdamW
   moments; TRL's single run keeps them across rounds. `--trl-fresh-moments` adds a TRL
   arm whose AdamW state is cleared at each round's first step, to measure what that costs.
@@ -233,6 +234,8 @@ def parse_args() -> argparse.Namespace:
                    help="also run TRL with AdamW's moments cleared each round, as flywheel's jobs start")
     p.add_argument("--keep-uniform-groups", action="store_true",
                    help="also run flywheel without dynamic sampling: every group in its step, as TRL trains")
+    p.add_argument("--once-each", action="store_true",
+                   help="also run flywheel with max_epochs=1: kept groups only, each once (fewer steps)")
     p.add_argument("--save-start", type=Path, default=None, help="copy the SFT start model here, for --sft-model")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args()
@@ -266,6 +269,9 @@ def main() -> None:
     if args.keep_uniform_groups:
         figures["flywheel, every group"] = lambda: run_flywheel(start, work / "fw-all", rounds, args, "transformers",
                                                                 dynamic_sampling=False)
+    if args.once_each:
+        figures["flywheel, kept groups once"] = lambda: run_flywheel(start, work / "fw-once", rounds, args,
+                                                                     "transformers", max_epochs=1.0)
     if args.with_vllm:
         figures["flywheel (vLLM rollouts)"] = lambda: run_flywheel(start, work / "fw-vllm", rounds, args, "vllm")
     arms = {}
