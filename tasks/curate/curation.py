@@ -70,9 +70,9 @@ class CurateConfig:
     chunk_logs: int = 50_000
 
     def __post_init__(self) -> None:
-        if self.self_test_workers < 1 or self.chunk_logs < 1:
-            raise ValueError(f"self_test_workers and chunk_logs must be >= 1, got {self.self_test_workers} "
-                             f"and {self.chunk_logs}")
+        for name in ("self_test_workers", "chunk_logs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
