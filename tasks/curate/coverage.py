@@ -48,14 +48,9 @@ class EvalCatalog:
     versions: tuple[tuple[str, ...], ...]
 
 
-def load_catalog(con: duckdb.DuckDBPyConnection, cfg: decontaminate.DecontamConfig,
-                 only: set[tuple[str, str]] | None = None) -> EvalCatalog | None:
-    """The catalog of every registered item of every version (or of the (eval_set,
-    eval_version) pairs in `only`); None when there is none."""
+def load_catalog(con: duckdb.DuckDBPyConnection, cfg: decontaminate.DecontamConfig) -> EvalCatalog | None:
+    """The catalog of every registered item of every version; None when there is none."""
     rows = eval_prompt_versions(con)
-    if only is not None:
-        rows = [(s, i, p, [v for v in versions if (s, v) in only]) for s, i, p, versions in rows]
-        rows = [r for r in rows if r[3]]
     if not rows:
         return None
     items = [decontaminate.EvalItem(eval_set, item_id, prompt) for eval_set, item_id, prompt, _ in rows]
@@ -103,6 +98,18 @@ class CoverageRun:
     tasks_checked: int                   # task x version-group checks run (0: nothing new)
 
 
+def restricted(catalog: EvalCatalog, only: set[tuple[str, str]],
+               cfg: decontaminate.DecontamConfig) -> EvalCatalog:
+    """The part of `catalog` holding the (eval_set, eval_version) pairs in `only`."""
+    kept = [(item, tuple(v for v in versions if (item.eval_set, v) in only))
+            for item, versions in zip(catalog.index.items, catalog.versions)]
+    kept = [(item, versions) for item, versions in kept if versions]
+    if len(kept) == len(catalog.index.items) and all(len(v) == len(w) for (_, v), w in zip(kept, catalog.versions)):
+        return catalog  # the usual case: nothing was checked yet, or everything again
+    return EvalCatalog(decontaminate.build_eval_index([item for item, _ in kept], cfg),
+                       tuple(versions for _, versions in kept))
+
+
 def catalog_versions(catalog: EvalCatalog | None) -> list[tuple[str, str]]:
     """Every (eval_set, eval_version) the catalog holds."""
     if catalog is None:
@@ -128,8 +135,8 @@ def pending_coverage(con: duckdb.DuckDBPyConnection, catalog: EvalCatalog | None
         tasks = con.execute("SELECT task_id, prompt FROM lake.tasks WHERE ?::TIMESTAMPTZ IS NULL OR created_at > ? "
                             "ORDER BY created_at, task_id", [mark, mark]).fetchall()
         if tasks:
-            catalog = load_catalog(con, cfg, only=versions)
-            rows += find_coverage(catalog, [t for t, _ in tasks], [p for _, p in tasks], cfg)
+            part = restricted(catalog, versions, cfg)
+            rows += find_coverage(part, [t for t, _ in tasks], [p for _, p in tasks], cfg)
             checked += len(tasks)
     return CoverageRun(sorted(rows, key=lambda r: tuple(r[k] for k in _KEY)), known, checked)
 

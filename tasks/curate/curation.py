@@ -319,16 +319,16 @@ def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> 
     marks = coverage.check_marks(pending.checked, now, cycle_id)
     count = dict.fromkeys(DECISIONS, 0)
     logs, coverage_rows = 0, covered.num_rows
+    coverage_news = bool(covered.num_rows or pending.tasks_checked)  # marks to write even without logs
     while True:
         cands = load_undecided(con, cfg, limit=cfg.chunk_logs)
         mark_contaminated(cands, catalog.index if catalog else None, cfg)
         mark_unverifiable(cands, cfg)
         sigs = (mark_duplicates(cands, load_existing(con, cfg.minhash), cfg.minhash) if cands
                 else np.zeros((0, cfg.minhash.num_perm), dtype=np.uint32))
-        if cands or covered.num_rows or pending.tasks_checked:
+        if cands or coverage_news:
             write_results(con, cands, sigs, covered, marks, cfg, cycle_id, now)
-        covered, marks = covered.slice(0, 0), marks.slice(0, 0)  # written once
-        pending = coverage.CoverageRun([], [], 0)
+        covered, marks, coverage_news = covered.slice(0, 0), marks.slice(0, 0), False  # written once
         logs += len(cands)
         for c in cands:
             count[c.decision] += 1
