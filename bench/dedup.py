@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.curate import curation, decontaminate  # noqa: E402
+from tasks.curate import curation, decontaminate, existing  # noqa: E402
 from tasks.curate.similarity import minhash  # noqa: E402
 from tasks.curate.similarity.normalize import content_hash, strong_tokens  # noqa: E402
 
@@ -146,7 +146,7 @@ def run_datasketch(texts: list[str], cfg: minhash.MinHashConfig) -> tuple[np.nda
 def run_flywheel(texts: list[str], cfg: minhash.MinHashConfig) -> tuple[np.ndarray, tuple]:
     """curation.mark_duplicates on a fresh lake (no earlier tasks); per text, the kept text it joins."""
     cands = [curation.Candidate(str(i), "math", [], text, {}, content_hash(text)) for i, text in enumerate(texts)]
-    empty = curation.ExistingTasks.none(cfg)
+    empty = existing.ExistingTasks.none(cfg)
     start = _clock()
     curation.mark_duplicates(cands, empty, cfg)
     elapsed = _since(start)

@@ -44,7 +44,7 @@ from flows.demo.data.generate import DemoDataConfig, generate_demo_data  # noqa:
 from storage.lake import open_lake  # noqa: E402
 from storage.query import run_query  # noqa: E402
 from storage.settings import LakeSettings  # noqa: E402
-from tasks.curate import coverage, curation  # noqa: E402
+from tasks.curate import coverage, curation, existing  # noqa: E402
 from tasks.curate.evalsets import register_evalset  # noqa: E402
 from tasks.ingest import batch  # noqa: E402
 from tasks.stages import StageKey  # noqa: E402
@@ -64,8 +64,9 @@ QUERIES = (
     "SELECT model_version, count(*) AS calls, count(*) FILTER (WHERE len(failure_kinds) > 0) AS signalled "
     "FROM interactions GROUP BY ALL",
 )
-CURATE_PHASES = {curation: ("load_undecided", "mark_contaminated", "mark_unverifiable", "load_existing",
+CURATE_PHASES = {curation: ("load_undecided", "mark_contaminated", "mark_unverifiable", "backfill",
                             "mark_duplicates", "write_results"),
+                 existing: ("known_tasks", "band_partners", "fetch_prompts"),
                  coverage: ("load_catalog", "pending_coverage", "find_coverage", "new_coverage_rows")}
 
 

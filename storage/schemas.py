@@ -67,6 +67,9 @@ SCHEMAS: dict[str, pa.Schema] = {
     # signature = num_perm little-endian uint32, comparable only within one scheme
     "minhash_signatures": _schema(
         ("task_id", pa.string()), ("scheme", pa.string()), ("signature", pa.binary())),
+    # the LSH band keys of each kept task under one banding (`MinHashConfig.banding_scheme`):
+    # curation joins a new batch's keys against them in DuckDB (tasks/curate/existing.py)
+    "task_bands": _schema(("task_id", pa.string()), ("banding", pa.string()), ("keys", pa.list_(pa.uint64()))),
     # eval items that tasks already in the lake copy (decontamination run the other way,
     # for sets registered after those tasks): one row per (eval_set, eval_version,
     # item_id, task_id), written once, by curation, in the commit of its tasks/decisions

@@ -19,7 +19,7 @@ The other direction too: evaluation items that tasks of earlier cycles already c
 (`tasks.curate.coverage`; they matter when a set is registered after those tasks) become
 `eval_coverage` rows, each (item version, task) once.
 
-Each chunk of `chunk_logs` logs is written in one DuckLake commit (tasks, decisions,
+Each chunk of `chunk_logs` logs is written in one DuckLake commit (tasks, decisions, band keys,
 signatures; the run's eval coverage and its marks with the first), so a crash loses at
 most the chunk in progress and a rerun decides only the logs still undecided, as the
 run would have.
@@ -42,6 +42,7 @@ from storage.lake import append_rows, transaction
 from storage.schemas import DECISIONS, SCHEMAS
 from tasks.curate import coverage
 from tasks.curate import decontaminate
+from tasks.curate.existing import BANDS_TABLE, SIGNATURES_TABLE, ExistingTasks, backfill, band_rows
 from tasks.curate.similarity import minhash
 from tasks.curate.evalsets import all_eval_prompts, prompt_text
 from tasks.curate.similarity.normalize import content_hash, tokenize_batch
@@ -50,8 +51,6 @@ from verifiers.verdict import Verdict
 
 if TYPE_CHECKING:
     from tasks.stages import StageKey
-
-SIGNATURES_TABLE = "minhash_signatures"
 
 
 @dataclass(frozen=True)
@@ -168,71 +167,25 @@ def _self_test(verifier: str, spec: dict, cfg: CurateConfig) -> Verdict:
     return self_test(verifier, spec, cfg.verifiers)
 
 
-@dataclass(frozen=True)
-class ExistingTasks:
-    """Every task's id and band keys. Prompts stay in the lake: only those of the few
-    tasks a new log's bands meet are read (`prompts_of`), so memory grows by the keys
-    alone (bands x 8 bytes a task), not by every prompt."""
-
-    task_ids: list[str]
-    keys: np.ndarray  # (n, bands) band keys
-    con: duckdb.DuckDBPyConnection | None = None
-
-    @classmethod
-    def none(cls, cfg: minhash.MinHashConfig) -> ExistingTasks:
-        return cls([], np.empty((0, cfg.banding[0]), dtype=np.uint64))
-
-    def prompts_of(self, rows: np.ndarray) -> list[str]:
-        return fetch_prompts(self.con, [self.task_ids[i] for i in rows.tolist()]) if len(rows) else []
-
-
-def fetch_prompts(con: duckdb.DuckDBPyConnection, task_ids: list[str]) -> list[str]:
-    """The prompts of `task_ids`, in their order."""
-    got = dict(con.execute("SELECT task_id, prompt FROM lake.tasks WHERE task_id IN (SELECT unnest(?::VARCHAR[]))",
-                           [task_ids]).fetchall())
-    return [got[t] for t in task_ids]
-
-
-def load_existing(con: duckdb.DuckDBPyConnection, cfg: minhash.MinHashConfig,
-                  block: int = 65536) -> ExistingTasks:
-    """Every task, with band keys from persisted signatures where the lake has them. The
-    signatures stream in `block` rows at a time, each held only until its keys are made,
-    and unsorted: no join or sort of 1M x 512-byte rows has to fit DuckDB's memory (the
-    order of the tasks decides nothing; ties between partners break by task id)."""
-    task_ids: list[str] = []
-    keys: list[np.ndarray] = []  # (bands, block) each: a band's keys stay contiguous
-    tasks = {r[0] for r in con.execute("SELECT task_id FROM lake.tasks").fetchall()}
-    result = con.execute(f"SELECT task_id, signature FROM lake.{SIGNATURES_TABLE} WHERE scheme = ?", [cfg.scheme])
-    while rows := result.fetchmany(block):
-        rows = [r for r in rows if r[0] in tasks]
-        sigs = np.zeros((len(rows), cfg.num_perm), dtype=np.uint32)
-        for i, (task_id, blob) in enumerate(rows):
-            sigs[i] = np.frombuffer(blob, dtype="<u4")
-            tasks.discard(task_id)  # signed: and once only
-        task_ids += [r[0] for r in rows]
-        keys.append(minhash.band_keys(sigs, cfg).T)
-    missing = sorted(tasks)  # tasks written before signatures were kept, or under another scheme
-    if missing:
-        sigs = minhash.sketch_texts(fetch_prompts(con, missing), cfg).signatures
-        keys.append(minhash.band_keys(sigs, cfg).T)
-        task_ids += missing
-    all_keys = (np.concatenate(keys, axis=1).T if keys
-                else np.empty((0, cfg.banding[0]), dtype=np.uint64))
-    return ExistingTasks(task_ids, all_keys, con)
-
-
 def _verified_pairs(cands: list[Candidate], existing: ExistingTasks, cfg: minhash.MinHashConfig):
-    """(within-batch pairs i<j with Jaccard, batch-vs-existing pairs with Jaccard), verified."""
+    """(within-batch pairs i<j with Jaccard, batch-vs-existing (row, task id) pairs with
+    Jaccard), verified, and the batch's signatures."""
     new = minhash.sketch_texts([c.prompt for c in cands], cfg)
     inner = minhash.candidate_pairs(new.keys, cfg)
     inner_sims = minhash.exact_jaccard(new.shingles, new.shingles, inner)
-    outer = minhash.probe_pairs(new.keys, existing.keys) if existing.task_ids else np.empty((0, 2), np.int64)
-    needed = np.unique(outer[:, 1])
-    old_shingles = minhash.shingle_batch(tokenize_batch(existing.prompts_of(needed)), cfg.ngram)
-    local = np.stack([outer[:, 0], np.searchsorted(needed, outer[:, 1])], 1)
-    outer_sims = minhash.exact_jaccard(new.shingles, old_shingles, local)
+    rows, task_ids = existing.partners(new.keys)
+    needed = sorted(set(task_ids))
+    prompts = existing.prompts(needed)
+    needed = [t for t in needed if t in prompts]  # a band row whose task is gone meets nothing
+    local = {t: i for i, t in enumerate(needed)}
+    hit = [k for k, t in enumerate(task_ids) if t in local]
+    outer = np.stack([rows[hit], np.array([local[task_ids[k]] for k in hit], dtype=np.int64)], 1) \
+        if hit else np.empty((0, 2), np.int64)
+    old_shingles = minhash.shingle_batch(tokenize_batch([prompts[t] for t in needed]), cfg.ngram)
+    outer_sims = minhash.exact_jaccard(new.shingles, old_shingles, outer)
     keep_in, keep_out = inner_sims >= cfg.threshold, outer_sims >= cfg.threshold
-    return (inner[keep_in], inner_sims[keep_in], outer[keep_out], outer_sims[keep_out], new.signatures)
+    outer_pairs = [(k, needed[t]) for k, t in outer[keep_out].tolist()]
+    return inner[keep_in], inner_sims[keep_in], outer_pairs, outer_sims[keep_out], new.signatures
 
 
 def mark_duplicates(cands: list[Candidate], existing: ExistingTasks,
@@ -248,11 +201,11 @@ def mark_duplicates(cands: list[Candidate], existing: ExistingTasks,
     inner, inner_sims, outer, outer_sims, pool_sigs = _verified_pairs([cands[i] for i in pool], existing, cfg)
     sigs[pool] = pool_sigs
     partners: dict[int, list[tuple[float, str, int]]] = {}
-    for (k, t), s in zip(outer.tolist(), outer_sims.tolist()):
-        partners.setdefault(k, []).append((s, existing.task_ids[t], -1))
+    for (k, t), s in zip(outer, outer_sims.tolist()):
+        partners.setdefault(k, []).append((s, t, -1))
     for (a, b), s in zip(inner.tolist(), inner_sims.tolist()):
         partners.setdefault(b, []).append((s, cands[pool[a]].task_id, a))
-    tasks = set(existing.task_ids)
+    tasks = existing.known([cands[i].task_id for i in pool])  # grows with this batch's kept tasks
     kept_pool: set[int] = set()
     for k, i in enumerate(pool):
         cand = cands[i]
@@ -298,6 +251,10 @@ def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: 
                  "signature": sigs[i].astype("<u4").tobytes(), "cycle_id": cycle_id}
                 for i, c in enumerate(cands) if c.decision == "kept"]
         append_rows(con, SIGNATURES_TABLE, pa.Table.from_pylist(rows, schema=SCHEMAS[SIGNATURES_TABLE]))
+        rows_kept = [i for i, c in enumerate(cands) if c.decision == "kept"]
+        keys = minhash.band_keys(sigs[rows_kept], cfg.minhash)
+        append_rows(con, BANDS_TABLE, band_rows([cands[i].task_id for i in rows_kept], keys,
+                                                cfg.minhash.banding_scheme, cycle_id))
 
 
 def eval_index(con: duckdb.DuckDBPyConnection, cfg: CurateConfig) -> decontaminate.EvalIndex | None:
@@ -317,6 +274,7 @@ def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> 
     pending = coverage.pending_coverage(con, catalog, cfg.decontam)
     covered = coverage.new_coverage_rows(con, pending.rows, cycle_id, now)
     marks = coverage.check_marks(pending.checked, now, cycle_id)
+    backfill(con, cfg.minhash, cycle_id)  # tasks from before band keys were kept: once
     count = dict.fromkeys(DECISIONS, 0)
     logs, coverage_rows = 0, covered.num_rows
     coverage_news = bool(covered.num_rows or pending.tasks_checked)  # marks to write even without logs
@@ -324,7 +282,7 @@ def curate(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, cycle_id: str) -> 
         cands = load_undecided(con, cfg, limit=cfg.chunk_logs)
         mark_contaminated(cands, catalog.index if catalog else None, cfg)
         mark_unverifiable(cands, cfg)
-        sigs = (mark_duplicates(cands, load_existing(con, cfg.minhash), cfg.minhash) if cands
+        sigs = (mark_duplicates(cands, ExistingTasks(cfg.minhash, con), cfg.minhash) if cands
                 else np.zeros((0, cfg.minhash.num_perm), dtype=np.uint32))
         if cands or coverage_news:
             write_results(con, cands, sigs, covered, marks, cfg, cycle_id, now)

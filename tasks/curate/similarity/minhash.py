@@ -117,6 +117,13 @@ class MinHashConfig:
         """What a persisted signature depends on; signatures of another scheme never compare."""
         return f"minhash-v1:words{self.ngram}:perm{self.num_perm}:seed{self.seed}"
 
+    @property
+    def banding_scheme(self) -> str:
+        """What a persisted band key depends on: the signature's scheme and the banding
+        (which the threshold and the false-positive bound choose)."""
+        bands, rows = self.banding
+        return f"{self.scheme}:bands{bands}x{rows}"
+
 
 @dataclass(frozen=True)
 class Shingles:

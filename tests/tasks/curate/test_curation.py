@@ -11,7 +11,8 @@ import pytest
 from storage.lake import open_lake
 from storage.settings import LakeSettings
 from tasks.curate import decontaminate
-from tasks.curate.curation import Candidate, CurateConfig, ExistingTasks, curate, eval_index, mark_duplicates
+from tasks.curate.curation import Candidate, CurateConfig, curate, eval_index, mark_duplicates
+from tasks.curate.existing import ExistingTasks
 from tasks.curate.similarity.minhash import MinHashConfig
 from tasks.curate.similarity.normalize import content_hash
 from flows.demo.data.generate import DemoDataConfig, generate_demo_data
@@ -181,17 +182,64 @@ def covered_eval_items(con: duckdb.DuckDBPyConnection, cfg: CurateConfig,
              "task_id": rows[h.record][0], "evidence": h.evidence} for h in hits]
 
 
-def test_existing_tasks_keys_come_from_stored_signatures_or_are_made_again_alike(lake_settings, tmp_path):
-    from tasks.curate.curation import load_existing
+def test_band_keys_are_written_with_their_tasks_and_made_again_alike_for_older_lakes(lake_settings, tmp_path):
+    from tasks.curate import existing
+    from tasks.curate.similarity import minhash
 
     con = open_lake(lake_settings)
+    prompts = [STORY, LEAKED, "What is 17*23?"]
     _ingest(con, tmp_path / "logs.jsonl", [_log(1, STORY, {"answer": "3"}), _log(2, LEAKED, {"answer": "63"}),
-                                           _log(3, "What is 17*23?", {"answer": "391"})], "c1")
+                                           _log(3, prompts[2], {"answer": "391"})], "c1")
     curate(con, CFG, "c1")
-    stored = load_existing(con, CFG.minhash, block=2)  # blocks of 2: a ragged last one
-    by_task = {t: k.tolist() for t, k in zip(stored.task_ids, stored.keys)}
-    assert len(by_task) == 3 and stored.prompts_of(stored.keys[:0, 0]) == []
-    assert sorted(stored.prompts_of(np.arange(3))) == sorted([STORY, LEAKED, "What is 17*23?"])
-    con.execute("DELETE FROM lake.minhash_signatures WHERE task_id = ?", [stored.task_ids[0]])
-    remade = load_existing(con, CFG.minhash)  # one task lost its row: signed again from its prompt
-    assert {t: k.tolist() for t, k in zip(remade.task_ids, remade.keys)} == by_task
+    expected = {content_hash(p): k.tolist() for p, k in zip(prompts, minhash.sketch_texts(prompts, CFG.minhash).keys)}
+
+    def stored() -> dict[str, list[int]]:
+        return dict(con.execute("SELECT task_id, keys FROM lake.task_bands WHERE banding = ?",
+                                [CFG.minhash.banding_scheme]).fetchall())
+
+    assert stored() == expected  # written in the commit of their tasks
+    # a lake from before band keys were kept, one task without a signature either
+    con.execute("DELETE FROM lake.task_bands")
+    con.execute("DELETE FROM lake.minhash_signatures WHERE task_id = ?", [content_hash(STORY)])
+    assert existing.backfill(con, CFG.minhash, "c2", block=2) == 3  # blocks of 2: a ragged last one
+    assert stored() == expected
+    assert existing.backfill(con, CFG.minhash, "c3") == 0  # once
+
+
+def test_an_older_lake_still_finds_near_duplicates_of_its_tasks(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    _ingest(con, tmp_path / "a.jsonl", [_log(1, STORY, {"answer": "3"})], "c1")
+    curate(con, CFG, "c1")
+    con.execute("DELETE FROM lake.task_bands")
+    _ingest(con, tmp_path / "b.jsonl", [_log(2, STORY.replace("corner shop", "corner store"), {"answer": "3"}),
+                                        _log(3, STORY, {"answer": "3"})], "c2")
+    curate(con, CFG, "c2")
+    got = _decisions(con)
+    assert got["req-2"][0] == "near_duplicate" and got["req-2"][2] == content_hash(STORY)
+    assert got["req-3"][0] == "duplicate"
+
+
+def test_the_lake_probe_finds_the_pairs_the_in_memory_probe_finds(lake_settings):
+    from storage.lake import append_rows
+    from tasks.curate import existing
+    from tasks.curate.similarity import bands
+
+    con = open_lake(lake_settings)
+    rng = np.random.default_rng(3)
+    n_old, n_new, width = 500, 200, CFG.minhash.banding[0]
+    old = rng.integers(0, 1 << 63, size=(n_old, width), dtype=np.uint64)
+    new = rng.integers(0, 1 << 63, size=(n_new, width), dtype=np.uint64)
+    for k in range(60):  # planted: a shared key in the same band (a pair), in another band (no pair)
+        a, b, band = int(rng.integers(n_new)), int(rng.integers(n_old)), int(rng.integers(width))
+        if k % 3:
+            new[a, band] = old[b, band]
+        else:
+            new[a, band] = old[b, (band + 1) % width]
+    new[7] = old[11]  # every band shared: still one pair
+    ids = [f"t{i:04d}" for i in range(n_old)]
+    append_rows(con, existing.BANDS_TABLE, existing.band_rows(ids, old, CFG.minhash.banding_scheme, "c1"))
+    append_rows(con, existing.BANDS_TABLE, existing.band_rows(ids[:5], old[:5] + np.uint64(1), "another", "c1"))
+    rows, task_ids = existing.ExistingTasks(CFG.minhash, con).partners(new)
+    expected = {(int(a), ids[int(b)]) for a, b in bands.probe_pairs(new, old)}
+    assert len(expected) >= 40 and (7, "t0011") in expected
+    assert sorted(zip(rows.tolist(), task_ids)) == sorted(expected)
