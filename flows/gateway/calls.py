@@ -29,9 +29,10 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import datetime, timezone
 
+import anyio
 import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from starlette.types import Receive, Scope, Send
 
 from flows.gateway.spool import Spool
 from flows.gateway.streams import StreamAssembly, is_final
@@ -148,15 +149,33 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
             await response.aread()
             await response.aclose()
         return passthrough(response)
-    release = _Release(response, lease)
+    release = UpstreamRelease(response, lease)
     events = _relay(response, release, upstream, request, model_name, spool, call, wants_usage)
-    # The background task runs after the stream, even when the client hung up before its
-    # first byte (then the generator never ran, and its `finally` with it).
-    return StreamingResponse(events, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version},
-                             background=BackgroundTask(release))
+    return LeasedStream(events, release, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
 
 
-class _Release:
+class LeasedStream(StreamingResponse):
+    """A stream that returns its upstream lease however the response ends.
+
+    The relay's own `finally` runs only once its generator has started. A client gone
+    before the first byte can end the response before that: under ASGI spec 2.4 the
+    server's `send` raises at the response head and Starlette raises ClientDisconnect,
+    skipping any background task. So the release also runs here, shielded, so a
+    cancelled request still closes the upstream stream."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: UpstreamRelease, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self.release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.release()
+
+
+class UpstreamRelease:
     """Close the upstream stream and return the lease, once, whoever gets there first."""
 
     def __init__(self, response: httpx.Response, lease: AsyncExitStack) -> None:
@@ -172,7 +191,7 @@ class _Release:
             await self.lease.aclose()
 
 
-async def _relay(response: httpx.Response, release: _Release, upstream: Upstream, request: dict, model_name: str,
+async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: Upstream, request: dict, model_name: str,
                  spool: Spool, call: tuple[str, float, str], wants_usage: bool) -> AsyncIterator[bytes]:
     received, started, completion_id = call
     assembly, held = StreamAssembly(), []
