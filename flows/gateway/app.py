@@ -65,7 +65,7 @@ class Gateway:
         self.client: httpx.AsyncClient | None = None
         self.watcher: asyncio.Task | None = None
         self.watch = None  # managed mode's ProductionWatch
-        self.limiter = RateLimiter(cfg.rate_limit_rps, cfg.burst) if cfg.rate_limit_rps else None
+        self.limiter = RateLimiter(cfg.replica_rate_rps, cfg.burst) if cfg.rate_limit_rps else None
 
     async def start(self) -> None:
         if not log.handlers:  # swaps and watch errors go where uvicorn's own messages go
@@ -131,7 +131,9 @@ class Gateway:
         wait_s = self.limiter.wait_s(request.headers.get("authorization", ""))
         if not wait_s:
             return None
-        response = error(429, f"rate limit of {self.cfg.rate_limit_rps:g} requests/s (burst {self.cfg.burst}) "
+        share = (f" (this replica's share of the cluster's {self.cfg.rate_limit_rps:g})"
+                 if self.cfg.replicas_sharing > 1 else "")
+        response = error(429, f"rate limit of {self.cfg.replica_rate_rps:g} requests/s{share} (burst {self.cfg.burst}) "
                               f"for this key; retry in {wait_s:.2f} s", kind="rate_limit_error",
                          code="rate_limit_exceeded")
         response.headers.update(self.limiter.headers(wait_s))

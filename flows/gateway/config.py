@@ -48,6 +48,11 @@ class GatewayConfig:
     0 = no limit. Past it a call gets 429 with `retry-after` (flows/gateway/limits.py)."""
     rate_limit_burst: int = 0
     """Requests a key may send at once before the rate applies; 0 = one second's worth."""
+    rate_limit_scope: str = "replica"
+    """`replica`: each gateway allows a key the rate and burst (N replicas: N times them in
+    all). `cluster`: they are the whole cluster's, and each replica allows 1/N of them, N =
+    this gateway and its `peers`: exact when the balancer spreads a key's calls evenly (round
+    robin), conservative when it pins a key to one replica (1/N of the rate)."""
     replica: str = ""
     """This gateway's name among replicas behind one balancer (lowercase letters and digits).
     Set, it goes into every completion id it mints (`chatcmpl-<replica>-<hex>`), so feedback
@@ -82,6 +87,8 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.rate_limit_rps < 0 or self.rate_limit_burst < 0:
             raise ValueError("rate_limit_rps and rate_limit_burst must be >= 0 (0: no limit, one second's worth)")
+        if self.rate_limit_scope not in ("replica", "cluster"):
+            raise ValueError(f"rate_limit_scope must be 'replica' or 'cluster', got {self.rate_limit_scope!r}")
         for name in ([self.replica] if self.replica else []) + list(self.peer_urls):
             if not REPLICA_NAME.fullmatch(name):
                 raise ValueError(f"replica names are 1-32 lowercase letters and digits, got {name!r}")
@@ -109,8 +116,20 @@ class GatewayConfig:
         return peers
 
     @property
+    def replicas_sharing(self) -> int:
+        """How many gateways share the rate limit: this one and its peers, or itself alone."""
+        return 1 + len(self.peer_urls) if self.rate_limit_scope == "cluster" else 1
+
+    @property
+    def replica_rate_rps(self) -> float:
+        """The rate this gateway enforces for a key: its share of `rate_limit_rps`."""
+        return self.rate_limit_rps / self.replicas_sharing
+
+    @property
     def burst(self) -> int:
-        return self.rate_limit_burst or max(1, math.ceil(self.rate_limit_rps))
+        """The burst this gateway allows a key: its share, at least one request."""
+        whole = self.rate_limit_burst or math.ceil(self.rate_limit_rps)
+        return max(1, math.ceil(whole / self.replicas_sharing))
 
 
 REPLICA_NAME = re.compile(r"[a-z0-9]{1,32}")

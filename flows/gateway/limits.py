@@ -4,8 +4,9 @@ A key may send `rate` requests a second on average and `burst` at once; past tha
 429 with `retry-after` (whole seconds, HTTP's form) and `retry-after-ms` (what the `openai`
 SDK reads first), so a client that retries waits exactly as long as it must. The buckets
 are keyed by a digest of the key, not the key, so nothing in memory or in a traceback
-prints one. A replica limits its own traffic: N replicas behind a balancer allow N times
-the rate, which is the usual trade for not sharing a counter across machines.
+prints one. A replica counts only its own traffic: no counter is shared across machines.
+By default N replicas behind a balancer allow N times the rate; with `[gateway]
+rate_limit_scope = "cluster"` each enforces 1/N of it (config.py: `replica_rate_rps`).
 """
 from __future__ import annotations
 

@@ -42,10 +42,18 @@ def test_replica_names_go_into_ids_and_bad_replica_settings_are_refused():
                          ({"replica": "a", "peers": "b=gw-b:8100"}, "name=http"),
                          ({"replica": "a", "peers": "a=http://x"}, "own replica"),
                          ({"peers": "b=http://x"}, "own `replica` name"),
-                         ({"rate_limit_rps": -1}, ">= 0")]:
+                         ({"rate_limit_rps": -1}, ">= 0"),
+                         ({"rate_limit_scope": "global"}, "'replica' or 'cluster'")]:
         with pytest.raises(ValueError, match=message):
             GatewayConfig(**bad)
     assert GatewayConfig(rate_limit_rps=0.5).burst == 1 and GatewayConfig(rate_limit_rps=7.2).burst == 8
+    three = {"replica": "a", "peers": "b=http://gw-b:8100,c=http://gw-c:8100", "rate_limit_rps": 9}
+    per_replica = GatewayConfig(**three)
+    assert (per_replica.replica_rate_rps, per_replica.burst) == (9, 9)
+    shared = GatewayConfig(**three, rate_limit_scope="cluster")
+    assert (shared.replicas_sharing, shared.replica_rate_rps, shared.burst) == (3, 3, 3)
+    assert GatewayConfig(**three, rate_limit_scope="cluster", rate_limit_burst=4).burst == 2  # rounded up
+    assert GatewayConfig(rate_limit_rps=2, rate_limit_scope="cluster").replica_rate_rps == 2  # no peers: all of it
 
 
 def test_a_key_past_its_rate_gets_a_429_the_sdk_waits_out(tmp_path, upstreams):
@@ -67,6 +75,26 @@ def test_a_key_past_its_rate_gets_a_429_the_sdk_waits_out(tmp_path, upstreams):
         assert gateway.stop()
     # a refused call never reached the upstream, so it is not in the log
     assert len([r for r in shipped_records(gateway.landing) if r["type"] == "call"]) == 4
+
+
+def test_a_cluster_rate_limit_is_split_between_the_replicas(tmp_path, upstreams):
+    port_a, port_b = free_port(), free_port()
+    limit = {"FLYWHEEL_GATEWAY_RATE_LIMIT_RPS": "0.2", "FLYWHEEL_GATEWAY_RATE_LIMIT_BURST": "2",
+             "FLYWHEEL_GATEWAY_RATE_LIMIT_SCOPE": "cluster"}
+    a = start_gateway(tmp_path / "a", upstreams["v-a"].url, port=port_a, env={
+        **limit, "FLYWHEEL_GATEWAY_REPLICA": "a", "FLYWHEEL_GATEWAY_PEERS": f"b=http://127.0.0.1:{port_b}"})
+    b = start_gateway(tmp_path / "b", upstreams["v-a"].url, port=port_b, env={
+        **limit, "FLYWHEEL_GATEWAY_REPLICA": "b", "FLYWHEEL_GATEWAY_PEERS": f"a=http://127.0.0.1:{port_a}"})
+    try:
+        a.client().chat.completions.create(**ASK)  # the key's burst of 2 is 1 at each replica
+        with pytest.raises(openai.RateLimitError, match=r"0.1 requests/s \(this replica's share of the cluster's "
+                                                        r"0.2\) \(burst 1\)"):
+            a.client().chat.completions.create(**ASK)
+        b.client().chat.completions.create(**ASK)  # the other half, at the other replica
+        with pytest.raises(openai.RateLimitError):
+            b.client().chat.completions.create(**ASK)
+    finally:
+        assert a.stop() and b.stop()
 
 
 def test_feedback_sent_to_another_replica_is_recorded_once_by_the_one_that_logged_the_call(tmp_path, upstreams):
