@@ -104,6 +104,23 @@ def start_gateway(home: Path, upstream: str | None, *, env: dict | None = None, 
     raise RuntimeError(f"gateway not up after {timeout_s} s:\n{gateway.log()[-3000:]}")
 
 
+def start_upstream_script(module: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """`python -m module PORT *args` on a free port: a small upstream of the tests' own
+    (tests/flows/gateway/dying_upstream.py, slow_upstream.py), once it lists its models."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", module, str(port), *args],
+                               cwd=Path(__file__).resolve().parents[3])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{module} not up on {url}")
+
+
 def shipped_records(landing: Path) -> list[dict]:
     """Every record in every file the gateway shipped, in file order."""
     records = []

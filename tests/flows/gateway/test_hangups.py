@@ -5,41 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import subprocess
-import sys
 import time
 from contextlib import AsyncExitStack
-from pathlib import Path
 
 import httpx
 import pytest
 from starlette.requests import ClientDisconnect
 
 from flows.gateway.calls import LeasedStream, UpstreamRelease
-from flows.gateway.vllm_serve import free_port
-from tests.flows.gateway.conftest import KEY, shipped_records, start_gateway
+from tests.flows.gateway.conftest import KEY, shipped_records, start_gateway, start_upstream_script
 
 pytestmark = pytest.mark.timeout(300)
 HEAD_DELAY_S, CHUNKS = 1.5, 40  # the upstream's whole answer takes 1.5 + 40 x 0.25 = 11.5 s
 
 
-def start_slow_upstream() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tests.flows.gateway.slow_upstream", str(port), "v-slow",
-                                str(HEAD_DELAY_S), str(CHUNKS)], cwd=Path(__file__).resolve().parents[3])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"slow upstream not up on {url}")
-
-
 def test_a_client_gone_before_the_response_head_returns_the_lease_and_cuts_the_upstream(tmp_path):
-    upstream, url = start_slow_upstream()
+    upstream, url = start_upstream_script("tests.flows.gateway.slow_upstream", "v-slow", str(HEAD_DELAY_S),
+                                          str(CHUNKS))
     gateway = start_gateway(tmp_path / "home", url)
     try:
         body = json.dumps({"model": "flywheel", "messages": [{"role": "user", "content": "Count."}],

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from flows.gateway.vllm_serve import free_port
-from tests.flows.gateway.conftest import ADMIN_KEY, Load, shipped_records, start_gateway
+from tests.flows.gateway.conftest import ADMIN_KEY, Load, shipped_records, start_gateway, start_upstream_script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -74,18 +72,7 @@ def test_switching_and_canary_under_load_fail_no_call(tmp_path, upstreams):
 def start_dying_upstream(version: str, answers: int, status: int = 200) -> tuple[subprocess.Popen, str]:
     """tests/flows/gateway/dying_upstream.py on a free port: answers `answers` calls (with
     `status`), then dies with the next one in flight."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "tests.flows.gateway.dying_upstream", str(port), version,
-                                str(answers), str(status)], cwd=Path(__file__).resolve().parents[3])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"dying upstream not up on {url}")
+    return start_upstream_script("tests.flows.gateway.dying_upstream", version, str(answers), str(status))
 
 
 def sdk_call(client, k: int, stream: bool) -> tuple[str, str]:
