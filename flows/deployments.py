@@ -46,15 +46,20 @@ class ScheduleConfig:
     """Seconds between scheduled ingests of the landing prefix."""
     timezone: str = "UTC"
     """IANA zone the cron is read in (e.g. Europe/Paris)."""
+    maintenance_cron: str = "0 6 * * *"
+    """When the lake's small files are merged and unread files deleted (flows/maintain.py).
+    Default: daily at 06:00, after the nightly cycle."""
 
     def __post_init__(self) -> None:
-        try:  # Prefect's own validator, so whatever passes here the server accepts
-            CronSchedule(cron=self.cycle_cron, timezone=self.timezone)
-        except ValidationError as exc:
-            problems = "; ".join(e["msg"] for e in exc.errors())
-            raise ValueError(
-                f"cycle_cron={self.cycle_cron!r} timezone={self.timezone!r}: {problems}. "
-                "Use five cron fields, e.g. '0 2 * * *' (02:00 daily), and an IANA zone") from None
+        for name in ("cycle_cron", "maintenance_cron"):
+            cron = getattr(self, name)
+            try:  # Prefect's own validator, so whatever passes here the server accepts
+                CronSchedule(cron=cron, timezone=self.timezone)
+            except ValidationError as exc:
+                problems = "; ".join(e["msg"] for e in exc.errors())
+                raise ValueError(
+                    f"{name}={cron!r} timezone={self.timezone!r}: {problems}. "
+                    "Use five cron fields, e.g. '0 2 * * *' (02:00 daily), and an IANA zone") from None
         if self.ingest_interval_s < 10:
             raise ValueError(f"ingest_interval_s must be at least 10 seconds, got {self.ingest_interval_s}")
 
@@ -68,6 +73,12 @@ class IngestParams(BaseModel):
     cycle_id: str = Field("manual", min_length=1, max_length=200)
     chunk_lines: int | None = Field(None, ge=1_000, le=1_000_000,
                                     description="Lines per step; default: [cycle.ingest] chunk_lines.")
+
+
+class NoParams(BaseModel):
+    """A flow that takes no parameters: its policy is flywheel.toml's."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class CycleRequest(BaseModel):
@@ -104,6 +115,10 @@ def cycle_schedule(cfg: ScheduleConfig) -> Schedule:
     return Cron(cfg.cycle_cron, timezone=cfg.timezone)
 
 
+def maintenance_schedule(cfg: ScheduleConfig) -> Schedule:
+    return Cron(cfg.maintenance_cron, timezone=cfg.timezone)
+
+
 def ingest_schedule(cfg: ScheduleConfig) -> Schedule:
     return Interval(timedelta(seconds=cfg.ingest_interval_s))
 
@@ -120,6 +135,9 @@ DEPLOYMENTS: dict[str, DeploymentSpec] = {spec.name: spec for spec in (
     DeploymentSpec("evaluate", "flows.evaluate:evaluate_flow", "gpu", EvaluateRequest, None,
                    "Evaluate a model (default: the newest candidate) against production on every "
                    "registered evaluation set; on demand."),
+    DeploymentSpec("lake-maintenance", "flows.maintain:lake_maintenance_flow", "cpu", NoParams,
+                   maintenance_schedule,
+                   "Merge the lake's small files and delete files nothing reads ([maintenance])."),
 )}
 
 

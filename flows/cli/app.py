@@ -14,6 +14,7 @@ from flows.cli import cycle as cycle_cmd
 from flows.cli import evalset as evalset_cmd
 from flows.cli import gateway as gateway_cmd
 from flows.cli import ingest as ingest_cmd
+from flows.cli import lake as lake_cmd
 from flows.cli import model as model_admin_cmd
 from flows.cli import serve as serve_cmd
 from flows.cli import sql as sql_cmd
@@ -32,6 +33,7 @@ app = typer.Typer(
 
 app.command("ingest")(ingest_cmd.ingest_command)
 app.command("sql")(sql_cmd.sql_command)
+app.add_typer(lake_cmd.lake_app, name="lake")
 app.command("demo-data")(demo_data_cmd.demo_data_command)
 app.command("verify")(verify_cmd.verify_command)
 app.add_typer(evalset_cmd.evalset_app, name="evalset")

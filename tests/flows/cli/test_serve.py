@@ -35,6 +35,9 @@ def test_serve_registers_pools_and_follows_flywheel_toml(prefect_server, tmp_pat
     output = register(prefect_server, tmp_path)
     assert "registered ingest (pool cpu, every 600s)" in output
     assert "registered evaluate (pool gpu, on demand)" in output
+    maintenance, _ = read_deployment(prefect_server, "lake-maintenance")
+    assert maintenance.work_pool_name == "cpu" and maintenance.parameters == {}
+    assert [s.schedule.cron for s in maintenance.schedules] == ["0 6 * * *"]
     ingest, pools = read_deployment(prefect_server, "ingest")
     assert pools["cpu"] == pools["gpu"] == "process"
     assert ingest.work_pool_name == "cpu" and ingest.entrypoint == "flows.ingest.ingest_flow"
@@ -118,6 +121,16 @@ def test_the_evaluate_parameter_mirror_matches_the_evaluate_flow():
     assert deployments.EvaluateRequest.model_validate(body).params.eval_samples == 4
     with pytest.raises(ValueError):
         deployments.EvaluateRequest.model_validate({"params": {"eval_samples": 0}})
+
+
+def test_lake_maintenance_takes_no_parameters_and_its_cron_is_checked():
+    from flows.maintain import lake_maintenance_flow
+
+    deployments.check_params(DEPLOYMENTS["lake-maintenance"], lake_maintenance_flow)
+    with pytest.raises(ValueError):
+        deployments.NoParams.model_validate({"retention": 1})
+    with pytest.raises(ValueError, match="maintenance_cron"):
+        ScheduleConfig(maintenance_cron="0 6 * *")
 
 
 def test_a_drifted_mirror_is_refused():

@@ -1,0 +1,27 @@
+"""The `lake-maintenance` flow: merge the lake's small files and delete what nothing reads.
+
+Scheduled daily by default (`[schedule] maintenance_cron`), at an hour the nightly
+cycle has finished: on an embedded (SQLite) catalog, a commit from another process
+mid-maintenance fails with "database is locked", and the flow's retries run it again
+later (each maintenance call commits on its own, so a retry picks up where it stopped).
+The policy is `[maintenance]` of flywheel.toml (storage/maintenance.py).
+"""
+from __future__ import annotations
+
+from prefect import flow
+
+from storage.config_file import lake_settings, load_section
+from storage.lake import open_lake
+from storage.maintenance import MaintenanceConfig, maintain_lake
+
+
+@flow(name="lake-maintenance", log_prints=True, retries=3, retry_delay_seconds=600)
+def lake_maintenance_flow() -> dict:
+    cfg = load_section(MaintenanceConfig, "maintenance")
+    con = open_lake(lake_settings())
+    try:
+        report = maintain_lake(con, cfg).as_dict()
+    finally:
+        con.close()
+    print(f"lake maintenance: {report}")
+    return report
