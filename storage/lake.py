@@ -14,11 +14,17 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import duckdb
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
-from storage.schemas import SCHEMAS
+import duckdb
+
 from storage.settings import LakeSettings
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# storage.schemas (pyarrow, numpy) is imported where a table is written or created, not
+# here: a reader such as `flywheel sql` never needs it, and it is a fifth of its start-up.
 
 
 class LakeError(RuntimeError):
@@ -74,6 +80,8 @@ def open_lake(
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
     """Create every table of storage.schemas that the catalog lacks, and add the columns
     a table created by an earlier version lacks (new columns only ever go at the end)."""
+    from storage.schemas import SCHEMAS
+
     existing: dict[str, list[str]] = {}
     for table, column in con.execute("SELECT table_name, column_name FROM duckdb_columns() "
                                      "WHERE database_name = 'lake' ORDER BY table_name, column_index").fetchall():
@@ -184,6 +192,8 @@ def transaction(con: duckdb.DuckDBPyConnection, message: str | None = None) -> I
 
 
 def _check_schema(table: str, rows: pa.Table) -> None:
+    from storage.schemas import SCHEMAS
+
     expected = SCHEMAS.get(table)
     if expected is None:
         raise LakeError(f"no table {table!r} in storage.schemas; known: {', '.join(SCHEMAS)}")

@@ -77,7 +77,7 @@ def start_s3(workdir: Path) -> tuple[subprocess.Popen, S3Server]:
     return proc, server
 
 
-def _wait_for_s3(proc: subprocess.Popen, server: S3Server, log: Path, timeout: float = 60) -> None:
+def _wait_for_s3(proc: subprocess.Popen, server: S3Server, log: Path, timeout: float = 120) -> None:
     from minio import Minio
 
     client = Minio(server.endpoint, access_key=server.access_key, secret_key=server.secret_key, secure=False)

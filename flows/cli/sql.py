@@ -8,14 +8,13 @@ from enum import Enum
 from typing import Annotated
 
 import duckdb
-import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from storage.config_file import lake_settings
 from storage.lake import LakeError
-from storage.query import ReadOnlyViolation, run_query
+from storage.query import ReadOnlyViolation, query_rows
 
 
 class OutputFormat(str, Enum):
@@ -28,36 +27,37 @@ def sql_command(
     query: Annotated[str, typer.Argument(help="One read-only SQL statement; tables live in `lake`.")],
     format: Annotated[OutputFormat, typer.Option("--format", "-f", help="table, csv or json (one object per line)")] = OutputFormat.table,
     snapshot: Annotated[int | None, typer.Option(help="Read the lake as of this DuckLake snapshot id.")] = None,
-    max_rows: Annotated[int, typer.Option(help="Rows shown by --format table (csv/json print all).")] = 100,
+    max_rows: Annotated[int, typer.Option(min=1, help="Rows shown by --format table (csv/json print all).")] = 100,
 ) -> None:
     """Run SQL over the lake. Writes (DROP, DELETE, INSERT, ...) are refused."""
     try:
-        rows = run_query(lake_settings(), query, snapshot=snapshot)
+        limit = max_rows if format is OutputFormat.table else None
+        names, rows, total = query_rows(lake_settings(), query, snapshot=snapshot, limit=limit)
     except ReadOnlyViolation as exc:
         raise _fail(str(exc)) from None
     except (duckdb.Error, LakeError) as exc:
         raise _fail(f"query failed: {exc}") from None
     if format is OutputFormat.csv:
         writer = csv.writer(sys.stdout)
-        writer.writerow(rows.column_names)
-        writer.writerows(zip(*(col.to_pylist() for col in rows.columns)))
+        writer.writerow(names)
+        writer.writerows(rows)
     elif format is OutputFormat.json:
-        for record in rows.to_pylist():
-            sys.stdout.write(json.dumps(record, default=str) + "\n")
+        for row in rows:
+            sys.stdout.write(json.dumps(dict(zip(names, row)), default=str) + "\n")
     else:
-        print_table(rows, max_rows=max_rows)
+        print_table(names, rows, total)
 
 
-def print_table(rows: pa.Table, *, max_rows: int = 100, title: str | None = None) -> None:
-    table = Table(title=title, show_lines=False)
-    for name in rows.column_names:
+def print_table(names: list[str], rows: list[tuple], total: int) -> None:
+    table = Table(show_lines=False)
+    for name in names:
         table.add_column(name, overflow="fold")
-    for record in rows.slice(0, max_rows).to_pylist():
-        table.add_row(*(_cell(v) for v in record.values()))
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
     console = Console()
     console.print(table)
-    if rows.num_rows > max_rows:
-        console.print(f"({rows.num_rows} rows, {max_rows} shown; --max-rows or --format csv for all)")
+    if total > len(rows):
+        console.print(f"({total} rows, {len(rows)} shown; --max-rows or --format csv for all)")
 
 
 def _cell(value: object) -> str:

@@ -11,9 +11,10 @@ import pytest
 
 from storage.lake import open_lake
 
-# pandas too: DuckDB imports it to bind a Python parameter, which storage.lake.open_lake avoids
+# pandas too: DuckDB imports it to bind a Python parameter, which storage.lake.open_lake avoids;
+# pyarrow and numpy: a reader prints Python rows (storage.query.query_rows), a fifth of start-up
 HEAVY = {"torch", "transformers", "prefect", "deepspeed", "vllm", "dask", "distributed", "mlflow",
-         "great_expectations", "pandas"}
+         "great_expectations", "pandas", "pyarrow", "numpy"}
 
 
 def imported_by(args: list[str], env: dict[str, str]) -> set[str]:

@@ -42,6 +42,14 @@ def test_formats(home):
     assert json.loads(js.output) == {"n": 17}
 
 
+def test_a_long_result_shows_its_first_rows_and_says_how_many_there_are(home):
+    shown = runner.invoke(app, ["sql", "SELECT line_no FROM failure_logs ORDER BY ALL", "--max-rows", "3"])
+    assert shown.exit_code == 0, shown.output
+    assert "(17 rows, 3 shown; --max-rows or --format csv for all)" in shown.output
+    every = runner.invoke(app, ["sql", "SELECT line_no FROM failure_logs", "--format", "csv", "--max-rows", "3"])
+    assert len(every.output.splitlines()) == 1 + 17
+
+
 def test_snapshot_reads_the_past(home):
     result = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM failure_logs", "-f", "json",
                                  "--snapshot", str(home)])
