@@ -10,18 +10,11 @@ from __future__ import annotations
 
 from prefect import flow
 
-from storage.config_file import lake_settings, load_section
-from storage.lake import open_lake
-from storage.maintenance import MaintenanceConfig, maintain_lake
+from storage.maintenance import maintain_configured_lake
 
 
 @flow(name="lake-maintenance", log_prints=True, retries=3, retry_delay_seconds=600)
 def lake_maintenance_flow() -> dict:
-    cfg = load_section(MaintenanceConfig, "maintenance")
-    con = open_lake(lake_settings())
-    try:
-        report = maintain_lake(con, cfg).as_dict()
-    finally:
-        con.close()
+    report = maintain_configured_lake().as_dict()
     print(f"lake maintenance: {report}")
     return report

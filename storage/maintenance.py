@@ -26,6 +26,7 @@ left it, and running again picks up where it stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
@@ -102,6 +103,21 @@ def maintain_lake(con: duckdb.DuckDBPyConnection, cfg: MaintenanceConfig = Maint
         files_merged=sum(int(row[2]) for row in merged), files_written=sum(int(row[3]) for row in merged),
         snapshots_expired=len(expired), files_deleted=len(deleted), orphans_deleted=len(orphans),
         snapshots_left=int(snapshots), seconds=round(time.perf_counter() - started, 3))
+
+
+def maintain_configured_lake(**overrides: float) -> MaintenanceReport:
+    """The upkeep on the lake flywheel.toml names, by its `[maintenance]` policy with
+    `overrides` (field=value, None = as configured): what the flow and the CLI run."""
+    from storage.config_file import lake_settings, load_section
+    from storage.lake import open_lake
+
+    cfg = load_section(MaintenanceConfig, "maintenance")
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    con = open_lake(lake_settings())
+    try:
+        return maintain_lake(con, cfg)
+    finally:
+        con.close()
 
 
 def live_files(con: duckdb.DuckDBPyConnection) -> int:

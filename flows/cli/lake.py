@@ -6,14 +6,13 @@ options here override it for one run.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated
 
 import duckdb
 import typer
 from rich.console import Console
 
-from storage.config_file import ConfigError, lake_settings, load_section
+from storage.config_file import ConfigError
 from storage.lake import LakeError
 
 lake_app = typer.Typer(help="Upkeep of the lake itself.", no_args_is_help=True)
@@ -28,25 +27,17 @@ def maintain_command(
         "Delete unreferenced files only once this old. Default: \\[maintenance] file_grace_hours."))] = None,
 ) -> None:
     """Merge small files, write inlined rows out, delete merged-away and orphaned files."""
-    from storage.lake import open_lake
-    from storage.maintenance import MaintenanceConfig, maintain_lake
+    from storage.maintenance import maintain_configured_lake
 
     console = Console()
     try:
-        cfg = load_section(MaintenanceConfig, "maintenance")
-        given = {"snapshot_retention_days": retention_days, "file_grace_hours": grace_hours}
-        cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if v is not None})
-        con = open_lake(lake_settings())
+        report = maintain_configured_lake(snapshot_retention_days=retention_days, file_grace_hours=grace_hours)
     except (ConfigError, LakeError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
-    try:
-        report = maintain_lake(con, cfg)
     except duckdb.Error as exc:
         console.print(f"[red]error:[/red] maintenance stopped, nothing half done (run it again): {exc}")
         raise typer.Exit(1) from None
-    finally:
-        con.close()
     console.print(f"data files read by the newest snapshot: {report.files_before:,} -> {report.files_after:,} "
                   f"({report.files_merged:,} merged into {report.files_written:,}; inlined rows of "
                   f"{report.tables_flushed} tables written out)")
