@@ -71,11 +71,17 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.domains must be domain names, got {self.domains!r}")
 
 
+# A task's recent rounds are its last `recent_rounds` (cycle, round) pairs in time: round
+# numbers restart at 0 in every cycle, so they order rounds only within one cycle. A cycle
+# orders by when it started (`cycles`); rollouts of a cycle with no row there (a bare
+# `run_rollouts`) count as the oldest.
 CANDIDATES_SQL = f"""
-WITH scored AS (
+WITH started AS (SELECT cycle_id, min(started_at) AS started_at FROM lake.cycles GROUP BY cycle_id),
+scored AS (
     SELECT r.task_id, r.round, v.passed,
-           dense_rank() OVER (PARTITION BY r.task_id ORDER BY r.round DESC) AS recency
-    FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id)
+           dense_rank() OVER (PARTITION BY r.task_id
+                              ORDER BY c.started_at DESC NULLS LAST, r.cycle_id DESC, r.round DESC) AS recency
+    FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) LEFT JOIN started c ON c.cycle_id = r.cycle_id
     WHERE v.status NOT IN {INFRA_STATUSES_SQL}
 )
 SELECT t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt,
@@ -139,12 +145,17 @@ def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
     return sample_round(con, model_dir, policy_version, cycle_id, cfg, round_idx)["rollouts"]
 
 
+def round_candidates(con: duckdb.DuckDBPyConnection, recent_rounds: int) -> list[dict]:
+    """Every task not retired, with its pass rate and counts over its recent rounds."""
+    cols = ["task_id", "domain", "messages", "verifier", "spec", "prompt", "pass_rate",
+            "recent_samples", "recent_passes"]
+    return [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [recent_rounds]).fetchall()]
+
+
 def pick_round_tasks(con: duckdb.DuckDBPyConnection, model_dir: str | Path, cfg: RolloutConfig) -> tuple[list, int]:
     """This round's tasks, and how many candidates were left out because their prompt
     would not fit the context (vLLM refuses a whole batch for one such prompt)."""
-    cols = ["task_id", "domain", "messages", "verifier", "spec", "prompt", "pass_rate",
-            "recent_samples", "recent_passes"]
-    candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [cfg.recent_rounds]).fetchall()]
+    candidates = round_candidates(con, cfg.recent_rounds)
     # held-out tasks are the fresh-failures evaluation set: never trained on
     candidates = [c for c in candidates if not is_heldout(c["task_id"], cfg.heldout_fraction)]
     if cfg.domains:

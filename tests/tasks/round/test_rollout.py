@@ -6,7 +6,7 @@ import pytest
 
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
-from tasks.round.rollout import RolloutConfig, run_rollouts, select_tasks
+from tasks.round.rollout import RolloutConfig, round_candidates, run_rollouts, select_tasks
 from trainer.engine import EngineConfig
 from flows.demo.tiny_model import init_model
 
@@ -52,3 +52,40 @@ def test_rollouts_are_written_once_per_round(lake_settings, tiny):
                        "FROM lake.rollouts ORDER BY task_id, sample_idx").fetchall()
     assert len({r[0] for r in rows}) == 2 and [r[1] for r in rows] == [0, 1, 2, 0, 1, 2]
     assert all(r[2] and r[3] in ("stop", "length") for r in rows)
+
+
+def scored_round(con, cycle_id, round_idx, passed):
+    """Four scored samples of task add-1-2 in one round, all passing or all failing."""
+    ids = [f"{cycle_id}-{round_idx}-{i}" for i in range(4)]
+    append_rows(con, "rollouts", pa.Table.from_pylist([{
+        "rollout_id": rid, "task_id": "add-1-2", "policy_version": "v0", "round": round_idx, "sample_idx": i,
+        "completion": "3" if passed else "4", "prompt_token_ids": [1], "token_ids": [2], "logprobs": [-0.5],
+        "finish_reason": "stop", "cycle_id": cycle_id} for i, rid in enumerate(ids)], schema=SCHEMAS["rollouts"]))
+    append_rows(con, "verdicts", pa.Table.from_pylist([{
+        "rollout_id": rid, "verifier": "math", "reward": float(passed), "passed": passed, "status": "ok",
+        "components": "{}", "detail": "", "latency_ms": 1.0, "cycle_id": cycle_id} for rid in ids],
+        schema=SCHEMAS["verdicts"]))
+
+
+def test_recent_rounds_are_the_latest_in_time_across_cycles(lake_settings):
+    """Round numbers restart in every cycle: the recent rounds are the last (cycle, round)
+    pairs by the cycle's start, not the highest round numbers of all cycles together."""
+    con = open_lake(lake_settings)
+    add_tasks(con, [(1, 2)])
+    # the earlier cycle's id sorts last, so only its start time can put it first
+    for cycle_id, hour in (("zz-earlier", 1), ("aa-later", 2)):
+        append_rows(con, "cycles", pa.Table.from_pylist([{
+            "started_at": datetime(2026, 12, 1, hour, tzinfo=timezone.utc), "finished_at": None, "status": "done",
+            "snapshot_id": None, "stage_seconds": "{}", "stage_counts": "{}", "reason": None,
+            "cycle_id": cycle_id}], schema=SCHEMAS["cycles"]))
+    for round_idx in (0, 1):
+        scored_round(con, "zz-earlier", round_idx, passed=False)
+        scored_round(con, "aa-later", round_idx, passed=True)
+
+    def recent(rounds):
+        (task,) = round_candidates(con, rounds)
+        return task["recent_samples"], task["recent_passes"]
+
+    assert recent(2) == (8, 8)  # the later cycle's two rounds only
+    assert recent(3) == (12, 8)  # and the earlier cycle's last round
+    assert recent(4) == (16, 8)
