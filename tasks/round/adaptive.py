@@ -1,8 +1,10 @@
 """Adaptive sampling: sample a few, score them, and sample the rest of a group only
 where the task's route is still undecided (tasks/round/routing.py says which).
 
-One round's selected tasks go through at most two waves: `first_samples` each, then the
-rest of the group (engine.n) for the tasks `routing.needs_more` names. Each wave is
+One round's selected tasks go through at most two waves: a first wave of
+`routing.first_wave` samples each (`first_samples`, fewer for a task whose recent
+samples all agreed), then the rest of the group (engine.n) for the tasks
+`routing.needs_more` names. Each wave is
 scored as it arrives (the rollout needs its verdicts to decide), so the round's
 rollouts, verdicts and routes come out together and the rollout stage commits them in
 one transaction. Sample ids continue across waves (0..n-1 per task), so a topped-up
@@ -18,44 +20,55 @@ from pathlib import Path
 import pyarrow as pa
 
 from storage.schemas import SCHEMAS
-from tasks.round.routing import History, RoutingConfig, decide, needs_more, wilson
+from tasks.round.routing import History, RoutingConfig, decide, first_wave, needs_more, wilson
 from tasks.round.verify import VerifyStageConfig, score_rollouts
 from trainer.engine import EngineConfig, Sample, generate
 from verifiers.registry import VERIFIERS
 from verifiers.verdict import INFRA_STATUSES
 
 
-def wave_sizes(engine: EngineConfig, routing: RoutingConfig) -> tuple[int, int]:
-    """(first wave, top-up) samples per task; fixed G is (n, 0)."""
-    first = min(routing.first_samples, engine.n) if routing.adaptive else engine.n
-    return first, engine.n - first
+def first_sizes(tasks: list[dict], engine: EngineConfig, routing: RoutingConfig) -> list[int]:
+    """Each task's first wave: engine.n for fixed G, else what its history calls for."""
+    if not routing.adaptive:
+        return [engine.n] * len(tasks)
+    return [min(first_wave(_history(t), routing), engine.n) for t in tasks]
 
 
-def sample_wave(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, n: int, first_idx: int,
-                wave: int) -> list[tuple[dict, Sample]]:
-    """`n` samples of each task, numbered from `first_idx`; each wave has its own seed, so
-    a top-up never repeats the first wave's samples."""
-    cfg = replace(engine, n=n, seed=engine.seed + wave)
-    samples = generate(model_dir, [json.loads(t["messages"]) for t in tasks], cfg, [t["domain"] for t in tasks])
-    return [(tasks[s.prompt_idx], replace(s, sample_idx=s.sample_idx + first_idx)) for s in samples]
+def sample_wave(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, sizes: list[int],
+                first_idx: list[int], wave: int) -> list[tuple[dict, Sample]]:
+    """`sizes[i]` samples of task i, numbered from `first_idx[i]`, one engine call per
+    size; each wave has its own seed, so a top-up never repeats the first wave's samples."""
+    pairs = []
+    for n in sorted(set(sizes) - {0}):
+        group = [i for i, size in enumerate(sizes) if size == n]
+        cfg = replace(engine, n=n, seed=engine.seed + wave)
+        samples = generate(model_dir, [json.loads(tasks[i]["messages"]) for i in group], cfg,
+                           [tasks[i]["domain"] for i in group])
+        pairs += [(tasks[group[s.prompt_idx]], replace(s, sample_idx=s.sample_idx + first_idx[group[s.prompt_idx]]))
+                  for s in samples]
+    return pairs
 
 
 def sample_and_route(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, routing: RoutingConfig,
                      verify: VerifyStageConfig, make_rollouts, cycle_id: str) -> dict:
     """Sample, score and route `tasks`. `make_rollouts(pairs)` turns (task, Sample) pairs
     into `rollouts` rows. Returns the three tables and the counts."""
-    first, rest = wave_sizes(engine, routing)
-    rollouts = make_rollouts(sample_wave(model_dir, tasks, engine, first, 0, wave=0))
+    first = first_sizes(tasks, engine, routing)
+    rollouts = make_rollouts(sample_wave(model_dir, tasks, engine, first, [0] * len(tasks), wave=0))
     verdicts = score_rollouts(_scoring_rows(rollouts, tasks), verify, cycle_id)
     tally = _tally(rollouts, verdicts)
-    undecided = [t for t in tasks if rest and needs_more(*tally.get(t["task_id"], (0, 0)), _history(t))]
+    undecided = [i for i, t in enumerate(tasks)
+                 if first[i] < engine.n and needs_more(*tally.get(t["task_id"], (0, 0)), _history(t))]
     if undecided:
-        more = make_rollouts(sample_wave(model_dir, undecided, engine, rest, first, wave=1))
-        more_verdicts = score_rollouts(_scoring_rows(more, undecided), verify, cycle_id)
+        top_up = [tasks[i] for i in undecided]
+        more = make_rollouts(sample_wave(model_dir, top_up, engine, [engine.n - first[i] for i in undecided],
+                                         [first[i] for i in undecided], wave=1))
+        more_verdicts = score_rollouts(_scoring_rows(more, top_up), verify, cycle_id)
         rollouts, verdicts = pa.concat_tables([rollouts, more]), pa.concat_tables([verdicts, more_verdicts])
         tally = _tally(rollouts, verdicts)
+    saved = sum(engine.n - size for size in first) - sum(engine.n - first[i] for i in undecided)
     return {"rollouts": rollouts, "verdicts": verdicts, "routes": route_rows(tasks, tally, routing),
-            "topped_up": len(undecided), "samples_saved": (len(tasks) - len(undecided)) * rest}
+            "topped_up": len(undecided), "samples_saved": saved}
 
 
 def _history(task: dict) -> History:

@@ -185,7 +185,8 @@ def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
     # sampling and scoring leave the lake to the stage an overlapped cycle trains meanwhile
     if verify is None:
         with lake_released(con):
-            table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, cfg.engine.n, 0, wave=0))
+            n = len(tasks)
+            table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, [cfg.engine.n] * n, [0] * n, wave=0))
         with transaction(con, f"rollouts {policy_version} round {round_idx}"):
             return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
     with lake_released(con):

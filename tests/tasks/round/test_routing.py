@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import string
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ from flows.demo.tiny_model import init_model
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
 from tasks.round.rollout import RolloutConfig, sample_round
-from tasks.round.routing import History, RoutingConfig, decide, needs_more, wilson
+from tasks.round.routing import History, RoutingConfig, decide, first_wave, needs_more, wilson
 from tasks.round.verify import VerifyStageConfig
 from trainer.engine import EngineConfig
 
@@ -45,6 +46,18 @@ def test_only_undecided_tasks_get_more_samples():
     assert needs_more(1, 4, History())  # mixed: RL wants the whole group
     assert not needs_more(0, 4, History()) and not needs_more(4, 4, History(8, 8))
     assert needs_more(0, 4, History(8, 3))  # uniform now, mixed before: undecided
+    assert needs_more(4, 4, History(8, 0)) and needs_more(0, 1, History(8, 8))  # uniform, but not as before
+    assert not needs_more(0, 1, History(8, 0))
+
+
+def test_a_task_whose_recent_samples_agreed_gets_a_smaller_first_wave():
+    cfg = RoutingConfig(first_samples=4, first_samples_after=1)
+    assert first_wave(History(), cfg) == 4  # no history
+    assert first_wave(History(8, 0), cfg) == 1 and first_wave(History(4, 4), cfg) == 1  # hopeless; solved
+    assert first_wave(History(8, 3), cfg) == 4  # mixed: maybe RL
+    assert first_wave(History(3, 0), cfg) == 4  # too few samples to call it
+    with pytest.raises(ValueError, match="first_samples_after"):
+        RoutingConfig(first_samples_after=0)
 
 
 def add_exact_tasks(con, n: int) -> None:
@@ -81,6 +94,24 @@ def test_the_stage_samples_in_waves_and_records_one_route_per_task(lake_settings
     assert counts["rollouts"] == sum(n for _, n, *_ in groups) == counts["verified"]
     assert counts["route_rl"] + counts["route_sft"] + counts["route_skip"] == 16
     assert sample_round(con, model, "v0", "c1", cfg, 0, VerifyStageConfig())["rollouts"] == 0  # rerun
+
+    # the next round: a task whose 2 samples agreed gets a first wave of 1, and is topped up
+    # to the whole group only if that sample disagrees with them
+    agreed = {task: passes for task, n, passes, *_ in groups if n == 2}
+    cfg = replace(cfg, routing=RoutingConfig(first_samples=2, first_samples_after=1))
+    counts = sample_round(con, model, "v0", "c1", cfg, 1, VerifyStageConfig())
+    again = con.execute("SELECT task_id, list(v.passed ORDER BY r.sample_idx) FROM lake.rollouts r "
+                        "JOIN lake.verdicts v USING (rollout_id) WHERE r.round = 1 GROUP BY task_id").fetchall()
+    sizes = {task: len(passed) for task, passed in again}
+    for task, passed in again:
+        if task not in agreed:
+            assert sizes[task] in (2, 6), task
+        elif passed[0] == (agreed[task] == 2):
+            assert sizes[task] == 1, task  # agreed with its history: decided on one sample
+        else:
+            assert sizes[task] == 6, task  # disagreed: undecided, the whole group
+    assert any(sizes[task] == 1 for task in agreed), "the seed should give a one-sample wave; pick another"
+    assert counts["samples_saved"] == sum(6 - n for task, n in sizes.items() if n < 6)
 
 
 def test_retired_tasks_are_not_selected_again(lake_settings, tmp_path):
