@@ -45,6 +45,7 @@ from tasks.round.scoring import score_rows  # noqa: E402
 from trainer.engine import EngineConfig, generate  # noqa: E402
 from trainer.model_import import convert, resolve_source  # noqa: E402
 from verifiers.registry import DEFAULT_DOMAIN_MAP, VerifierConfig  # noqa: E402
+from verifiers.verdict import INFRA_STATUSES  # noqa: E402
 
 
 def demo_tasks(n: int, seed: int) -> list[dict]:
@@ -72,7 +73,7 @@ def sample_outcomes(model_dir: Path, tasks: list[dict], n: int, temperature: flo
           f"in {time.perf_counter() - started:.0f} s")
     outcomes: list[list[bool]] = [[] for _ in tasks]
     for s, v in zip(samples, verdicts, strict=True):
-        if v["status"] not in ("timeout", "sandbox_error", "infra_error"):
+        if v["status"] not in INFRA_STATUSES:
             outcomes[s.prompt_idx].append(bool(v["passed"]))
     return outcomes
 
