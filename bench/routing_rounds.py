@@ -32,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from storage.lake import open_lake  # noqa: E402
 from storage.settings import LakeSettings  # noqa: E402
+from tasks.round.rollout import CYCLE_STARTS_SQL  # noqa: E402
 from tasks.round.routing import History, RoutingConfig, first_wave, needs_more  # noqa: E402
 from verifiers.verdict import INFRA_STATUSES_SQL  # noqa: E402
 
+# rounds in the order the rollout stage reads a task's history in
 OUTCOMES_SQL = f"""
-WITH started AS (SELECT cycle_id, min(started_at) AS started_at FROM lake.cycles GROUP BY cycle_id)
+WITH started AS ({CYCLE_STARTS_SQL})
 SELECT r.task_id, list(v.passed ORDER BY r.sample_idx) AS passed
 FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) LEFT JOIN started c ON c.cycle_id = r.cycle_id
 WHERE v.status NOT IN {INFRA_STATUSES_SQL}

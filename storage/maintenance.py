@@ -26,13 +26,14 @@ left it, and running again picks up where it stopped.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 import duckdb
 
+from storage.config_file import lake_settings, load_section
+from storage.lake import open_lake
 from storage.lake_turn import lake_turn
 
 
@@ -108,11 +109,8 @@ def maintain_lake(con: duckdb.DuckDBPyConnection, cfg: MaintenanceConfig = Maint
 def maintain_configured_lake(**overrides: float) -> MaintenanceReport:
     """The upkeep on the lake flywheel.toml names, by its `[maintenance]` policy with
     `overrides` (field=value, None = as configured): what the flow and the CLI run."""
-    from storage.config_file import lake_settings, load_section
-    from storage.lake import open_lake
-
     cfg = load_section(MaintenanceConfig, "maintenance")
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     con = open_lake(lake_settings())
     try:
         return maintain_lake(con, cfg)

@@ -75,8 +75,9 @@ class RolloutConfig:
 # numbers restart at 0 in every cycle, so they order rounds only within one cycle. A cycle
 # orders by when it started (`cycles`); rollouts of a cycle with no row there (a bare
 # `run_rollouts`) count as the oldest.
+CYCLE_STARTS_SQL = "SELECT cycle_id, min(started_at) AS started_at FROM lake.cycles GROUP BY cycle_id"
 CANDIDATES_SQL = f"""
-WITH started AS (SELECT cycle_id, min(started_at) AS started_at FROM lake.cycles GROUP BY cycle_id),
+WITH started AS ({CYCLE_STARTS_SQL}),
 scored AS (
     SELECT r.task_id, r.round, v.passed,
            dense_rank() OVER (PARTITION BY r.task_id
