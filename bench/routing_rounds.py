@@ -23,6 +23,7 @@ Measured (2026-12-05, the tiny demo's 6 rounds, 6,144 task-rounds, 400 draws): f
 
 import argparse
 import random
+from itertools import groupby
 import sys
 from collections import defaultdict
 from dataclasses import replace
@@ -33,46 +34,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from storage.lake import open_lake  # noqa: E402
 from storage.settings import LakeSettings  # noqa: E402
 from tasks.round.rollout import CYCLE_STARTS_SQL  # noqa: E402
-from tasks.round.routing import History, RoutingConfig, first_wave, needs_more  # noqa: E402
+from tasks.round.routing import History, RoutingConfig, evidence, first_wave, needs_more  # noqa: E402
 from verifiers.verdict import INFRA_STATUSES_SQL  # noqa: E402
 
 # rounds in the order the rollout stage reads a task's history in
 OUTCOMES_SQL = f"""
 WITH started AS ({CYCLE_STARTS_SQL})
-SELECT r.task_id, list(v.passed ORDER BY r.sample_idx) AS passed
-FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) LEFT JOIN started c ON c.cycle_id = r.cycle_id
+SELECT r.task_id, t.domain, r.cycle_id || '/' || r.round AS round_key, list(v.passed ORDER BY r.sample_idx) AS passed
+FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) JOIN lake.tasks t USING (task_id)
+     LEFT JOIN started c ON c.cycle_id = r.cycle_id
 WHERE v.status NOT IN {INFRA_STATUSES_SQL}
-GROUP BY c.started_at, r.cycle_id, r.round, r.task_id
+GROUP BY c.started_at, r.cycle_id, r.round, r.task_id, t.domain
 ORDER BY c.started_at, r.cycle_id, r.round, r.task_id
 """
+Round = tuple[str, str, str, list[bool]]  # task_id, domain, round key, pass/fail of each sample
 
 
-def load_rounds(home: Path) -> list[tuple[str, list[bool]]]:
-    """(task_id, pass/fail of each sample) per task-round, oldest round first."""
+def load_rounds(home: Path) -> list[Round]:
+    """One row per task-round, oldest round first."""
     con = open_lake(LakeSettings(home=home), read_only=True)
     try:
-        return [(task, list(passed)) for task, passed in con.execute(OUTCOMES_SQL).fetchall()]
+        return [(task, domain, key, list(passed)) for task, domain, key, passed in con.execute(OUTCOMES_SQL).fetchall()]
     finally:
         con.close()
 
 
-def replay(rounds: list[tuple[str, list[bool]]], g: int, cfg: RoutingConfig | None, recent: int) -> tuple[int, int]:
+def replay(rounds: list[Round], g: int, cfg: RoutingConfig | None, recent: int) -> tuple[int, int]:
     """(rollouts, groups kept) of one policy; cfg None is fixed G."""
     rollouts = kept = 0
     seen: dict[str, list[tuple[int, int]]] = defaultdict(list)  # task -> (samples, passes) per round
-    for task, outcomes in rounds:
-        group = outcomes[:g]
-        if cfg is None:
-            taken = group
-        else:
-            past = seen[task][-recent:]
-            history = History(sum(s for s, _ in past), sum(p for _, p in past))
-            head = group[:first_wave(history, cfg)]
-            taken = group if needs_more(sum(head), len(head), history) else head
-        rollouts += len(taken)
-        kept += 0 < sum(taken) < len(taken)
-        seen[task].append((len(taken), sum(taken)))
+    domains: dict[str, list[tuple[int, int]]] = defaultdict(list)  # domain -> (samples, passes) per round
+    for _, round_rows in groupby(rounds, key=lambda row: row[2]):
+        tally: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
+        for task, domain, _, outcomes in round_rows:
+            group = outcomes[:g]
+            if cfg is None:
+                taken = group
+            else:
+                history = evidence(_history(seen[task][-recent:]), _history(domains[domain][-recent:]), cfg)
+                head = group[:first_wave(history, cfg)]
+                taken = group if needs_more(sum(head), len(head), history) else head
+            rollouts += len(taken)
+            kept += 0 < sum(taken) < len(taken)
+            seen[task].append((len(taken), sum(taken)))
+            tally[domain] = (tally[domain][0] + len(taken), tally[domain][1] + sum(taken))
+        for domain, counts in tally.items():
+            domains[domain].append(counts)
     return rollouts, kept
+
+
+def _history(rounds: list[tuple[int, int]]) -> History:
+    return History(sum(s for s, _ in rounds), sum(p for _, p in rounds))
 
 
 def saving(rounds, g: int, cfg: RoutingConfig, recent: int) -> float:
@@ -84,13 +96,13 @@ def bootstrap(rounds, g: int, cfg: RoutingConfig, recent: int, seed: int, reps: 
     """95% interval of the saving, resampling whole tasks: a task keeps its rounds in order,
     and a task drawn twice replays as two tasks, so their histories do not mix."""
     by_task: dict[str, list[int]] = defaultdict(list)
-    for i, (task, _) in enumerate(rounds):
+    for i, (task, *_) in enumerate(rounds):
         by_task[task].append(i)
     tasks, rng, values = sorted(by_task), random.Random(seed), []
     for _ in range(reps):
         rows = sorted((i, f"{task}#{n}") for n, task in enumerate(rng.choice(tasks) for _ in tasks)
                       for i in by_task[task])
-        values.append(saving([(label, rounds[i][1]) for i, label in rows], g, cfg, recent))
+        values.append(saving([(label, *rounds[i][1:]) for i, label in rows], g, cfg, recent))
     values = sorted(v for v in values if v == v)
     return values[len(values) // 40], values[-len(values) // 40 - 1]
 
@@ -102,20 +114,21 @@ def main() -> None:
     parser.add_argument("--recent-rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--policies", default="4/4,3/3,2/2,4/2,4/1,3/1,2/1",
-                        help="first_samples/first_samples_after pairs to replay")
+    parser.add_argument("--policies", default="4/4/0,3/3/0,2/2/0,4/2/0,4/1/0,3/1/0,2/1/0,4/4/32,4/1/32,2/1/32",
+                        help="first_samples/first_samples_after/domain_samples triples to replay")
     args = parser.parse_args()
     rounds = load_rounds(args.home)
-    short = sum(len(o) < args.group for _, o in rounds)
-    print(f"{len(rounds)} task-rounds of {len({t for t, _ in rounds})} tasks; {short} with fewer than "
+    short = sum(len(o) < args.group for *_, o in rounds)
+    print(f"{len(rounds)} task-rounds of {len({t for t, *_ in rounds})} tasks; {short} with fewer than "
           f"G = {args.group} judged samples (infrastructure failures)")
     fr, fk = replay(rounds, args.group, None, args.recent_rounds)
-    print(f"{'policy':<40} {'rollouts':>9} {'kept':>6} {'per kept':>9} {'saving':>7}  bootstrap 95%")
+    print(f"{'first wave / after agreeing':<40} {'rollouts':>9} {'kept':>6} {'per kept':>9} {'saving':>7}  bootstrap 95%")
     print(f"{'fixed G':<40} {fr:>9} {fk:>6} {fr / fk:>9.1f}")
     shipped = RoutingConfig()
-    for first, after in ((int(k) for k in policy.split("/")) for policy in args.policies.split(",")):
-        cfg = replace(shipped, first_samples=first, first_samples_after=after)
-        name = f"first wave {first}, {after} after agreeing" + (" (shipped)" if cfg == shipped else "")
+    for first, after, domain in ((int(k) for k in policy.split("/")) for policy in args.policies.split(",")):
+        cfg = replace(shipped, first_samples=first, first_samples_after=after, domain_samples=domain)
+        name = (f"{first}/{after}, " + (f"domain's from {domain}" if domain else "own history only")
+                + (" (shipped)" if cfg == shipped else ""))
         ar, ak = replay(rounds, args.group, cfg, args.recent_rounds)
         low, high = bootstrap(rounds, args.group, cfg, args.recent_rounds, args.seed, args.reps)
         print(f"{name:<40} {ar:>9} {ak:>6} {ar / ak:>9.1f} {saving(rounds, args.group, cfg, args.recent_rounds):>7.1%}"

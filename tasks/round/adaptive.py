@@ -3,11 +3,10 @@ where the task's route is still undecided (tasks/round/routing.py says which).
 
 One round's selected tasks go through at most two waves: a first wave of
 `routing.first_wave` samples each (`first_samples`, fewer for a task whose recent
-samples all agreed), then the rest of the group (engine.n) for the tasks
-`routing.needs_more` names. Each wave is
-scored as it arrives (the rollout needs its verdicts to decide), so the round's
-rollouts, verdicts and routes come out together and the rollout stage commits them in
-one transaction. Sample ids continue across waves (0..n-1 per task), so a topped-up
+samples all agreed, or its domain's while it has few of its own), then the rest of the
+group (engine.n) for the tasks `routing.needs_more` names. Each wave is scored as it
+arrives (the rollout needs its verdicts to decide), so the round's rollouts, verdicts
+and routes come out together and the rollout stage commits them in one transaction. Sample ids continue across waves (0..n-1 per task), so a topped-up
 group is exactly a fixed-G group to the trainer. Not here: picking the tasks
 (tasks/round/rollout.py), writing the lake.
 """
@@ -20,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from storage.schemas import SCHEMAS
-from tasks.round.routing import History, RoutingConfig, decide, first_wave, needs_more, wilson
+from tasks.round.routing import History, RoutingConfig, decide, evidence, first_wave, needs_more, wilson
 from tasks.round.verify import VerifyStageConfig, score_rollouts
 from trainer.engine import EngineConfig, Sample, generate
 from verifiers.registry import VERIFIERS
@@ -31,7 +30,7 @@ def first_sizes(tasks: list[dict], engine: EngineConfig, routing: RoutingConfig)
     """Each task's first wave: engine.n for fixed G, else what its history calls for."""
     if not routing.adaptive:
         return [engine.n] * len(tasks)
-    return [min(first_wave(_history(t), routing), engine.n) for t in tasks]
+    return [min(first_wave(_evidence(t, routing), routing), engine.n) for t in tasks]
 
 
 def sample_wave(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, sizes: list[int],
@@ -58,7 +57,7 @@ def sample_and_route(model_dir: str | Path, tasks: list[dict], engine: EngineCon
     verdicts = score_rollouts(_scoring_rows(rollouts, tasks), verify, cycle_id)
     tally = _tally(rollouts, verdicts)
     undecided = [i for i, t in enumerate(tasks)
-                 if first[i] < engine.n and needs_more(*tally.get(t["task_id"], (0, 0)), _history(t))]
+                 if first[i] < engine.n and needs_more(*tally.get(t["task_id"], (0, 0)), _evidence(t, routing))]
     if undecided:
         top_up = [tasks[i] for i in undecided]
         more = make_rollouts(sample_wave(model_dir, top_up, engine, [engine.n - first[i] for i in undecided],
@@ -73,6 +72,12 @@ def sample_and_route(model_dir: str | Path, tasks: list[dict], engine: EngineCon
 
 def _history(task: dict) -> History:
     return History(int(task.get("recent_samples") or 0), int(task.get("recent_passes") or 0))
+
+
+def _evidence(task: dict, routing: RoutingConfig) -> History:
+    """What the task's sampling goes by: its history, or its domain's (routing.evidence)."""
+    domain = History(int(task.get("domain_samples") or 0), int(task.get("domain_passes") or 0))
+    return evidence(_history(task), domain, routing)
 
 
 def _scoring_rows(rollouts: pa.Table, tasks: list[dict]) -> list[dict]:

@@ -94,6 +94,21 @@ GROUP BY t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt
 ORDER BY t.task_id
 """
 
+# A domain's recent samples: those of its last `recent_rounds` rounds, as for a task.
+DOMAIN_HISTORY_SQL = f"""
+WITH started AS ({CYCLE_STARTS_SQL}),
+scored AS (
+    SELECT t.domain, v.passed,
+           dense_rank() OVER (PARTITION BY t.domain
+                              ORDER BY c.started_at DESC NULLS LAST, r.cycle_id DESC, r.round DESC) AS recency
+    FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) JOIN lake.tasks t USING (task_id)
+         LEFT JOIN started c ON c.cycle_id = r.cycle_id
+    WHERE v.status NOT IN {INFRA_STATUSES_SQL}
+)
+SELECT domain, count(*) AS samples, count(*) FILTER (WHERE passed) AS passes
+FROM scored WHERE recency <= ? GROUP BY domain
+"""
+
 
 def priority(pass_rate: float | None, curriculum: bool) -> int:
     """0 = most useful. Without a curriculum every task ranks the same."""
@@ -147,10 +162,15 @@ def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
 
 
 def round_candidates(con: duckdb.DuckDBPyConnection, recent_rounds: int) -> list[dict]:
-    """Every task not retired, with its pass rate and counts over its recent rounds."""
+    """Every task not retired, with its pass rate and counts over its recent rounds, and
+    its domain's counts over the domain's recent rounds."""
     cols = ["task_id", "domain", "messages", "verifier", "spec", "prompt", "pass_rate",
             "recent_samples", "recent_passes"]
-    return [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [recent_rounds]).fetchall()]
+    domains = {d: (s, p) for d, s, p in con.execute(DOMAIN_HISTORY_SQL, [recent_rounds]).fetchall()}
+    candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [recent_rounds]).fetchall()]
+    for c in candidates:
+        c["domain_samples"], c["domain_passes"] = domains.get(c["domain"], (0, 0))
+    return candidates
 
 
 def pick_round_tasks(con: duckdb.DuckDBPyConnection, model_dir: str | Path, cfg: RolloutConfig) -> tuple[list, int]:

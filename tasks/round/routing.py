@@ -13,7 +13,8 @@ often of the first kind. So each task of a round gets one route:
 
 Sampling is adaptive: every task gets `first_samples` (`first_samples_after` once its
 recent samples all agreed: a task failed or passed every time is re-checked with one
-sample, not four); a task whose first wave is mixed is topped up to the full group (it
+sample, not four; a task with few samples of its own goes by its domain's, so a new code
+task costs one sample while the model has never yet passed a code task); a task whose first wave is mixed is topped up to the full group (it
 is RL, and GRPO wants G samples), and so is a task whose uniform first wave disagrees
 with its recent rounds or whose recent rounds were mixed (undecided: its route may still
 be RL). A task uniform now and before, the same way, is decided after the first wave:
@@ -38,6 +39,11 @@ class RoutingConfig:
     agreed: a hopeless or solved task costs this many a round until a sample disagrees.
     Replayed on a fixed-G demo's 6 rounds (bench/routing_rounds.py): 1 saves 28.5% of
     rollouts per kept group against fixed G, 4 (no history) 18.9%."""
+    domain_samples: int = 32
+    """A task with too little history of its own (fewer than first_samples samples) is
+    sized by its domain's: when the domain's recent samples, at least this many, all
+    agreed (a model that never yet wrote a passing program), its first wave is
+    first_samples_after too. 0: a task's own history only."""
     confidence: float = 0.95
     """Level of the pass rate's Wilson interval."""
     retire_above: float = 0.8
@@ -49,6 +55,8 @@ class RoutingConfig:
     def __post_init__(self) -> None:
         if self.first_samples < 1 or self.first_samples_after < 1:
             raise ValueError("RoutingConfig.first_samples and first_samples_after must be >= 1")
+        if self.domain_samples < 0:
+            raise ValueError("RoutingConfig.domain_samples must be >= 0 (0: a task's own history only)")
         if not 0 < self.confidence < 1 or not 0 < self.retire_above <= 1:
             raise ValueError("RoutingConfig.confidence must be in (0, 1) and retire_above in (0, 1]")
 
@@ -78,9 +86,22 @@ def wilson(passes: int, samples: int, confidence: float) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def agreed(history: History) -> bool:
+    return history.passes in (0, history.samples)
+
+
+def evidence(own: History, domain: History, cfg: RoutingConfig) -> History:
+    """What a task's sampling this round is decided by: its own recent samples, or, while
+    it has fewer than first_samples of them, its domain's when those all agreed. Only
+    sampling: its route (retiring above all) rests on its own samples."""
+    if own.samples >= cfg.first_samples or not cfg.domain_samples:
+        return own
+    return domain if domain.samples >= cfg.domain_samples and agreed(domain) else own
+
+
 def first_wave(history: History, cfg: RoutingConfig) -> int:
     """Samples of a task's first wave: fewer once its recent samples all agreed."""
-    if history.samples >= cfg.first_samples and history.passes in (0, history.samples):
+    if history.samples >= cfg.first_samples and agreed(history):
         return cfg.first_samples_after
     return cfg.first_samples
 

@@ -54,11 +54,11 @@ def test_rollouts_are_written_once_per_round(lake_settings, tiny):
     assert all(r[2] and r[3] in ("stop", "length") for r in rows)
 
 
-def scored_round(con, cycle_id, round_idx, passed):
-    """Four scored samples of task add-1-2 in one round, all passing or all failing."""
-    ids = [f"{cycle_id}-{round_idx}-{i}" for i in range(4)]
+def scored_round(con, cycle_id, round_idx, passed, task_id="add-1-2"):
+    """Four scored samples of one task in one round, all passing or all failing."""
+    ids = [f"{cycle_id}-{round_idx}-{task_id}-{i}" for i in range(4)]
     append_rows(con, "rollouts", pa.Table.from_pylist([{
-        "rollout_id": rid, "task_id": "add-1-2", "policy_version": "v0", "round": round_idx, "sample_idx": i,
+        "rollout_id": rid, "task_id": task_id, "policy_version": "v0", "round": round_idx, "sample_idx": i,
         "completion": "3" if passed else "4", "prompt_token_ids": [1], "token_ids": [2], "logprobs": [-0.5],
         "finish_reason": "stop", "cycle_id": cycle_id} for i, rid in enumerate(ids)], schema=SCHEMAS["rollouts"]))
     append_rows(con, "verdicts", pa.Table.from_pylist([{
@@ -89,3 +89,20 @@ def test_recent_rounds_are_the_latest_in_time_across_cycles(lake_settings):
     assert recent(2) == (8, 8)  # the later cycle's two rounds only
     assert recent(3) == (12, 8)  # and the earlier cycle's last round
     assert recent(4) == (16, 8)
+
+
+def test_a_task_carries_its_domains_recent_samples(lake_settings):
+    """A new task's first wave may go by its domain's history (routing.evidence): the
+    samples of the domain's last rounds, whichever of its tasks they came from."""
+    con = open_lake(lake_settings)
+    add_tasks(con, [(1, 2), (2, 3), (5, 5)])
+    scored_round(con, "c1", 0, passed=True, task_id="add-1-2")
+    scored_round(con, "c1", 1, passed=False, task_id="add-2-3")
+    scored_round(con, "c1", 2, passed=False, task_id="add-1-2")
+
+    def domain_and_own(rounds):
+        new = {c["task_id"]: c for c in round_candidates(con, rounds)}["add-5-5"]
+        return (new["domain_samples"], new["domain_passes"]), (new["recent_samples"], new["recent_passes"])
+
+    assert domain_and_own(2) == ((8, 0), (0, 0))  # the domain's rounds 2 and 1; the task has none
+    assert domain_and_own(3) == ((12, 4), (0, 0))

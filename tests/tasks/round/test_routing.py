@@ -13,7 +13,7 @@ from flows.demo.tiny_model import init_model
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
 from tasks.round.rollout import RolloutConfig, sample_round
-from tasks.round.routing import History, RoutingConfig, decide, first_wave, needs_more, wilson
+from tasks.round.routing import History, RoutingConfig, decide, evidence, first_wave, needs_more, wilson
 from tasks.round.verify import VerifyStageConfig
 from trainer.engine import EngineConfig
 
@@ -60,11 +60,26 @@ def test_a_task_whose_recent_samples_agreed_gets_a_smaller_first_wave():
         RoutingConfig(first_samples_after=0)
 
 
-def add_exact_tasks(con, n: int) -> None:
+def test_a_task_with_little_history_goes_by_its_domains():
+    cfg = RoutingConfig(first_samples=4, first_samples_after=1, domain_samples=32)
+    never = History(64, 0)  # the model has not passed one task of the domain lately
+    assert evidence(History(), never, cfg) == never and first_wave(never, cfg) == 1
+    assert evidence(History(2, 0), never, cfg) == never  # too little of its own
+    assert evidence(History(8, 3), never, cfg) == History(8, 3)  # its own history, when it has one
+    assert evidence(History(), History(64, 5), cfg) == History()  # a mixed domain says nothing
+    assert evidence(History(), History(16, 0), cfg) == History()  # too few domain samples
+    assert evidence(History(), never, replace(cfg, domain_samples=0)) == History()  # off
+    # a new task's one sample that passes where the domain never did: undecided, topped up
+    assert needs_more(1, 1, never) and not needs_more(0, 1, never)
+    with pytest.raises(ValueError, match="domain_samples"):
+        RoutingConfig(domain_samples=-1)
+
+
+def add_exact_tasks(con, n: int, accepted: list[str] | None = None, prefix: str = "t") -> None:
     """One-character tasks the untrained tiny model passes about 60% of the time: any
     letter or digit is accepted (its vocabulary is ASCII), punctuation is not."""
-    accepted = list(string.ascii_lowercase + string.digits)
-    rows = [{"task_id": f"t{i:02d}", "domain": "trivia", "prompt": f"Say one letter ({i})",
+    accepted = accepted or list(string.ascii_lowercase + string.digits)
+    rows = [{"task_id": f"{prefix}{i:02d}", "domain": "trivia", "prompt": f"Say one letter ({i})",
              "messages": json.dumps([{"role": "user", "content": f"Say one letter ({i})"}]), "verifier": "exact",
              "spec": json.dumps({"answer": accepted}), "source_log_ids": [],
              "created_at": datetime.now(timezone.utc), "cycle_id": "c0"} for i in range(n)]
@@ -112,6 +127,23 @@ def test_the_stage_samples_in_waves_and_records_one_route_per_task(lake_settings
             assert sizes[task] == 6, task  # disagreed: undecided, the whole group
     assert any(sizes[task] == 1 for task in agreed), "the seed should give a one-sample wave; pick another"
     assert counts["samples_saved"] == sum(6 - n for task, n in sizes.items() if n < 6)
+
+
+def test_a_new_task_of_a_domain_never_passed_is_checked_with_one_sample(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    never = ["!!"]  # two characters: one token of the tiny model cannot say it
+    add_exact_tasks(con, 4, never, prefix="old")
+    model = init_model(tmp_path / "m")
+    cfg = RolloutConfig(tasks_per_round=8, heldout_fraction=0.0,
+                        routing=RoutingConfig(first_samples=2, first_samples_after=1, domain_samples=8),
+                        engine=EngineConfig(backend="transformers", n=6, max_tokens=1))
+    sample_round(con, model, "v0", "c1", cfg, 0, VerifyStageConfig())
+    add_exact_tasks(con, 4, never, prefix="new")
+    counts = sample_round(con, model, "v0", "c1", cfg, 1, VerifyStageConfig())
+    sizes = dict(con.execute("SELECT task_id, count(*) FROM lake.rollouts WHERE round = 1 GROUP BY 1").fetchall())
+    # the old tasks by their own 2 failed samples, the new ones by the domain's 8
+    assert sizes == {f"{prefix}{i:02d}": 1 for prefix in ("old", "new") for i in range(4)}
+    assert counts["samples_saved"] == 8 * 5 and counts["route_sft"] == 8
 
 
 def test_retired_tasks_are_not_selected_again(lake_settings, tmp_path):
