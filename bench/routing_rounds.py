@@ -6,17 +6,20 @@ lake. There every selected task got the whole group (G samples) in every round, 
 task-round's G outcomes are known, and any policy that samples a subset of them can be
 replayed on them (samples are independent given the prompt and the policy that drew
 them). Each policy sees, as a task's history, only what it sampled itself in the task's
-last `--recent-rounds` rounds, as the rollout stage does.
+last `--recent-rounds` rounds, and as its domain's what it sampled of the domain's tasks
+in the domain's last rounds, as the rollout stage does.
   - fixed G: every task gets G; a group is kept when its rewards differ;
-  - first wave k, j after agreeing: `k` samples (`j` once a task's recent samples all
-    agreed), the rest of G only where `routing.needs_more` says the route is undecided;
-    each pair is `RoutingConfig(first_samples=k, first_samples_after=j)`.
+  - k/j/d: a first wave of `k` samples (`j` once a task's recent samples all agreed, or,
+    with d > 0, while it has fewer than k of its own, its domain's, at least d of them),
+    the rest of G only where `routing.needs_more` says the route is undecided; each
+    triple is `RoutingConfig(first_samples=k, first_samples_after=j, domain_samples=d)`.
 Measured as rollouts sampled per group kept; at an equal count of groups kept the saving
 is 1 - policy / fixed. A bootstrap over tasks gives the interval. A smaller first wave
 saves rollouts and also finds fewer groups with a rare pass, so both counts are shown.
 Measured (2026-12-05, the tiny demo's 6 rounds, 6,144 task-rounds, 400 draws): fixed G
-15.7 rollouts per kept group; 4/4 18.9% saved (17.7..20.2), 4/1 28.5% (26.7..30.3) with
-16% fewer groups kept, 2/1 31.0% (29.2..33.1) with 30% fewer.
+15.7 rollouts per kept group; 4/4/0 18.9% saved (17.7..20.2), 4/1/0 28.5% (26.7..30.3)
+with 16% fewer groups kept, 4/1/32 (shipped) 30.2% (28.3..32.1) with the same groups as
+4/1/0, 2/1/0 31.0% (29.2..33.1) with 30% fewer.
 
     .venv/bin/python bench/routing_rounds.py /tmp/fw-norouting [--recent-rounds 3]
 """
