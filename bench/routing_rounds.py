@@ -26,10 +26,10 @@ with 16% fewer groups kept, 4/1/32 (shipped) 30.2% (28.3..32.1) with the same gr
 
 import argparse
 import random
-from itertools import groupby
 import sys
 from collections import defaultdict
 from dataclasses import replace
+from itertools import groupby
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -57,7 +57,8 @@ def load_rounds(home: Path) -> list[Round]:
     """One row per task-round, oldest round first."""
     con = open_lake(LakeSettings(home=home), read_only=True)
     try:
-        return [(task, domain, key, list(passed)) for task, domain, key, passed in con.execute(OUTCOMES_SQL).fetchall()]
+        return [(task, domain, key, list(passed))
+                for task, domain, key, passed in con.execute(OUTCOMES_SQL).fetchall()]
     finally:
         con.close()
 
@@ -125,7 +126,8 @@ def main() -> None:
     print(f"{len(rounds)} task-rounds of {len({t for t, *_ in rounds})} tasks; {short} with fewer than "
           f"G = {args.group} judged samples (infrastructure failures)")
     fr, fk = replay(rounds, args.group, None, args.recent_rounds)
-    print(f"{'first wave / after agreeing':<40} {'rollouts':>9} {'kept':>6} {'per kept':>9} {'saving':>7}  bootstrap 95%")
+    print(f"{'first wave / after agreeing, by':<40} {'rollouts':>9} {'kept':>6} {'per kept':>9} {'saving':>7}"
+          "  bootstrap 95%")
     print(f"{'fixed G':<40} {fr:>9} {fk:>6} {fr / fk:>9.1f}")
     shipped = RoutingConfig()
     for first, after, domain in ((int(k) for k in policy.split("/")) for policy in args.policies.split(",")):

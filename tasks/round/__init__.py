@@ -7,8 +7,8 @@ Reads: `tasks` (not held out, not retired), `models`. Writes: `rollouts`, `verdi
               between 0 and 1 first, then unseen ones; retired ones never) and samples
               them in waves through trainer.engine (vLLM; transformers as the
               reference), keeping the exact prompt and completion token ids sampled:
-              `first_samples` each (fewer where the recent samples, or the domain's, all agreed),
-              scored at once, then the rest of the group only
+              `first_samples` each (fewer where the task's recent samples, or its
+              domain's, all agreed), scored at once, then the rest of the group only
               where the route is undecided (`adaptive`). Each task is routed by
               difficulty (`routing`: rl, sft, skip, retire) and the round's rollouts,
               verdicts and routes land together.

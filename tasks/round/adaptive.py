@@ -6,9 +6,10 @@ One round's selected tasks go through at most two waves: a first wave of
 samples all agreed, or its domain's while it has few of its own), then the rest of the
 group (engine.n) for the tasks `routing.needs_more` names. Each wave is scored as it
 arrives (the rollout needs its verdicts to decide), so the round's rollouts, verdicts
-and routes come out together and the rollout stage commits them in one transaction. Sample ids continue across waves (0..n-1 per task), so a topped-up
-group is exactly a fixed-G group to the trainer. Not here: picking the tasks
-(tasks/round/rollout.py), writing the lake.
+and routes come out together and the rollout stage commits them in one transaction.
+Sample ids continue across waves (0..n-1 per task), so a topped-up group is exactly a
+fixed-G group to the trainer. Not here: picking the tasks (tasks/round/rollout.py),
+writing the lake.
 """
 from __future__ import annotations
 
