@@ -76,15 +76,24 @@ class RolloutConfig:
 # orders by when it started (`cycles`); rollouts of a cycle with no row there (a bare
 # `run_rollouts`) count as the oldest.
 CYCLE_STARTS_SQL = "SELECT cycle_id, min(started_at) AS started_at FROM lake.cycles GROUP BY cycle_id"
-CANDIDATES_SQL = f"""
+
+
+def _scored_by_recency(key: str) -> str:
+    """A WITH clause: `scored`, every judged sample with its task, its domain and the
+    recency of its round among the rounds of its `key` (1 = the latest)."""
+    return f"""
 WITH started AS ({CYCLE_STARTS_SQL}),
 scored AS (
-    SELECT r.task_id, r.round, v.passed,
-           dense_rank() OVER (PARTITION BY r.task_id
+    SELECT t.task_id, t.domain, v.passed,
+           dense_rank() OVER (PARTITION BY {key}
                               ORDER BY c.started_at DESC NULLS LAST, r.cycle_id DESC, r.round DESC) AS recency
-    FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) LEFT JOIN started c ON c.cycle_id = r.cycle_id
+    FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) JOIN lake.tasks t USING (task_id)
+         LEFT JOIN started c ON c.cycle_id = r.cycle_id
     WHERE v.status NOT IN {INFRA_STATUSES_SQL}
-)
+)"""
+
+
+CANDIDATES_SQL = _scored_by_recency("t.task_id") + """
 SELECT t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt,
        avg(CASE WHEN s.passed THEN 1.0 ELSE 0.0 END) AS pass_rate,
        count(s.passed) AS recent_samples, count(s.passed) FILTER (WHERE s.passed) AS recent_passes
@@ -93,18 +102,8 @@ WHERE t.task_id NOT IN (SELECT task_id FROM lake.routes WHERE route = 'retire')
 GROUP BY t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt
 ORDER BY t.task_id
 """
-
 # A domain's recent samples: those of its last `recent_rounds` rounds, as for a task.
-DOMAIN_HISTORY_SQL = f"""
-WITH started AS ({CYCLE_STARTS_SQL}),
-scored AS (
-    SELECT t.domain, v.passed,
-           dense_rank() OVER (PARTITION BY t.domain
-                              ORDER BY c.started_at DESC NULLS LAST, r.cycle_id DESC, r.round DESC) AS recency
-    FROM lake.rollouts r JOIN lake.verdicts v USING (rollout_id) JOIN lake.tasks t USING (task_id)
-         LEFT JOIN started c ON c.cycle_id = r.cycle_id
-    WHERE v.status NOT IN {INFRA_STATUSES_SQL}
-)
+DOMAIN_HISTORY_SQL = _scored_by_recency("t.domain") + """
 SELECT domain, count(*) AS samples, count(*) FILTER (WHERE passed) AS passes
 FROM scored WHERE recency <= ? GROUP BY domain
 """
