@@ -136,7 +136,8 @@ def deepspeed_config(cfg: GRPOConfig, micro_batch: int, world_size: int, on_gpu:
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage},
         "bf16": {"enabled": on_gpu},
-        # train_step back-propagates piece by piece and reduces once, in step()
+        # train_step back-propagates piece by piece and step() is the step's boundary
+        # (ZeRO-2/3 still reduce inside each backward: train_step evens the ranks' counts)
         "managed_gradient_accumulation": False,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -178,9 +179,12 @@ def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: li
     add up to those of one padded batch, while memory holds one piece's activations and
     logits, not the step's (a whole step of 256 rows x 640 tokens ran out of an H200's
     141 GB even on a 135M model). The step's SFT rows (trainer/sft.py) add their pieces.
-    DeepSpeed runs with managed_gradient_accumulation off: backward only accumulates and
-    step() reduces, so ranks may take different numbers of pieces.
+    ZeRO-2 reduces gradient buckets inside backward, so every rank must make the same
+    number of backward passes: a rank with fewer pieces than another makes up the
+    difference with zero-weighted passes (every rank counts every rank's pieces: the rows
+    are shared), or the ranks' collectives fall out of step.
     """
+    counts = step_pieces(groups, step, cfg, world, pad_multiple(cfg, engine.device), sft_rows)
     loss, sums = 0.0, dict.fromkeys(GRPO_SUMS, 0.0)
     if groups.groups_kept:
         loss, sums = grpo_backward(engine, groups, old_logp, ref_logp, step, cfg, rank, world, pad_id)
@@ -188,8 +192,9 @@ def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: li
     if sft_rows:
         sft_part, sft_sums = sft_backward(engine, list(sft_rows), step, cfg, rank, world, pad_id, engine.device)
         loss = loss + sft_part
-    if not sums["all_tokens"] and not sft_sums["sft_tokens"]:
-        # this rank drew no row this step; a zero gradient keeps its optimiser state in step
+    for _ in range(max(1, *counts) - counts[rank]):
+        # fewer pieces (or no row) here than on another rank: a zero gradient keeps this
+        # rank's backward passes, and its optimiser state, in step with the others'
         engine.backward(sum(p.sum() for p in engine.module.parameters() if p.requires_grad) * 0.0)
     engine.step()
     # The step's figures were summed where they were computed (on a GPU, without waiting
@@ -221,6 +226,24 @@ def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp:
         loss = loss + piece_loss.detach()
         sums = {k: sums[k] + piece_sums[k] for k in sums}
     return loss, sums
+
+
+def step_pieces(groups: Groups, step: int, cfg: GRPOConfig, world: int, multiple: int,
+                sft_rows=()) -> list[int]:
+    """The backward passes each rank makes for this step's rows (GRPO and SFT pieces)."""
+    from trainer.sft import step_rows
+
+    counts = []
+    for rank in range(world):
+        n = 0
+        if groups.groups_kept:
+            idx, _ = rank_rows(groups, step, cfg, rank, world)
+            n += len(length_pieces([groups.rows[i] for i in idx], cfg.micro_tokens, multiple))
+        if sft_rows:
+            mine = step_rows(len(sft_rows), cfg.sft_per_step, step, cfg.seed)[rank::world]
+            n += len(length_pieces([sft_rows[i] for i in mine], cfg.micro_tokens, multiple))
+        counts.append(n)
+    return counts
 
 
 def length_pieces(rows: list[dict], max_tokens: int, multiple: int = 1) -> list[list[int]]:

@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainer.grpo import GRPOConfig
+from trainer.grpo import GRPOConfig, step_pieces
 from trainer.job import CheckpointError, TrainJob, read_metrics, write_job
 from trainer.launch import release_shared_memory, start_training, wait_training
-from trainer.rollout_data import RolloutDataError
+from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 
 
 def weights(model_dir):
@@ -85,5 +85,24 @@ def test_a_zero3_job_trains_and_exports(tmp_path, tiny_model, random_rollouts):
     wait_training(start_training(job, n_procs=1, device="cpu"), job, timeout_s=300)
     steps = read_metrics(job)
     assert [m["step"] for m in steps] == [1, 2] and steps[1]["kl"] > 0  # the policy moved
+    before, after = weights(tiny_model), weights(job / "model")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_two_ranks_with_different_piece_counts_stay_in_step(tmp_path, tiny_model, random_rollouts):
+    """ZeRO-2 reduces gradients inside backward, so a rank that cut more pieces than the
+    other would wait on a collective the other never joins (the SmolLM2 demo's cycle-2
+    job died so: gloo "Received data size doesn't match"). Groups of 3 rows over 2 ranks,
+    one row a piece: rank 0 makes 2 backward passes a step, rank 1 one, plus a zero pass."""
+    rows = [json.loads(line) for line in random_rollouts.read_text().splitlines()]
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text("".join(json.dumps(r) + "\n" for r in rows if r["sample_idx"] < 3))
+    cfg = GRPOConfig(steps=2, groups_per_step=1, micro_tokens=1, lr=1e-3)
+    groups = group_rollouts(read_rollouts(odd), cfg.scale_by_std)
+    assert [step_pieces(groups, s, cfg, world=2, multiple=1) for s in range(2)] == [[2, 1], [2, 1]]
+
+    job = write_job(tmp_path / "job", TrainJob(str(tiny_model), str(odd), cfg))
+    wait_training(start_training(job, n_procs=2, device="cpu"), job, timeout_s=300)
+    assert [m["step"] for m in read_metrics(job)] == [1, 2]
     before, after = weights(tiny_model), weights(job / "model")
     assert any(not torch.equal(before[k], after[k]) for k in before)
