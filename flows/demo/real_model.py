@@ -5,7 +5,7 @@ The model is imported (`flywheel model import`: the SmolLM2-135M-Instruct GGUF t
 serves the demo's production traffic, answering in sentences and prose-wrapped code,
 and its failures go through the same cycles as the tiny model's.
 
-Sized for a budget of 45 minutes on 2 CPU cores (measured: 32:45, 2026-12-05), from what was measured
+Sized for a budget of 45 minutes on 2 CPU cores (measured: 32:45 and 38:06, 2026-12-05), from what was measured
 here on SmolLM2 (vLLM on CPU, ~200 sampled tokens/s; a ZeRO-2 GRPO step over ~32
 samples 45-90 s on 2 ranks):
 - 400 requests per serve: the failure rate's 95% interval is about +/-5 points;
