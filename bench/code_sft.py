@@ -16,7 +16,7 @@ Measured (2026-12-05, /tmp/fw-routing3, defaults, 15 minutes alone on 2 cores): 
 reproduction 0% of held-out code at steps 100-500, 1.1% at 600; in the sandbox 3 of 179
 pass (6 wrong, 170 format errors); held-out additions 57% -> 7% (step 100) -> 25% (600).
 
-    .venv/bin/python bench/code_sft.py .flywheel/demo [--lr 1e-3] [--steps 400] [--batch 32]
+    .venv/bin/python bench/code_sft.py .flywheel/demo [--lr 1e-3] [--steps 600] [--batch 32]
 
 (the argument: a tiny `flywheel demo` home; its `models/sft` is the warm-started model and
 its `sft.jsonl` / `sft-held-out.jsonl` the additions it was warmed on).
@@ -85,9 +85,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("home", type=Path)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--train-tasks", type=int, default=2000)
     ap.add_argument("--held-out", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=160, help="reply budget (the demo's code budget)")
