@@ -210,18 +210,16 @@ def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp:
     """Back-propagate this rank's GRPO loss for the step's groups, piece by piece; returns
     the loss's value and the sums (0-d tensors on the engine's device; all_tokens, known
     on the host, a float)."""
-    idx, n_total = rank_rows(groups, step, cfg, rank, world)
-    all_idx, _ = rank_rows(groups, step, cfg, 0, 1)
+    all_idx, n_total = rank_rows(groups, step, cfg, 0, 1)
     total_tokens = float(sum(len(groups.rows[i]["token_ids"]) for i in all_idx if groups.valid[i]))
     loss, sums = 0.0, dict.fromkeys(GRPO_SUMS, 0.0)
-    for piece in length_pieces([groups.rows[i] for i in idx], cfg.micro_tokens, pad_multiple(cfg, engine.device)):
-        piece_idx = [idx[j] for j in piece]
+    for piece_idx in grpo_pieces(groups, step, cfg, rank, world, pad_multiple(cfg, engine.device)):
         piece_loss, piece_sums = piece_loss_and_sums(engine, groups, old_logp, ref_logp, piece_idx, cfg,
                                                      pad_id, total_tokens / world)
         if cfg.loss_agg != "dapo":
             # dapo divides by the global token count already. The per-sequence means weigh
             # by rows, and DeepSpeed averages gradients over ranks: each rank's share.
-            piece_loss = piece_loss * len(piece) * world / n_total
+            piece_loss = piece_loss * len(piece_idx) * world / n_total
         engine.backward(piece_loss)
         loss = loss + piece_loss.detach()
         sums = {k: sums[k] + piece_sums[k] for k in sums}
@@ -231,19 +229,20 @@ def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp:
 def step_pieces(groups: Groups, step: int, cfg: GRPOConfig, world: int, multiple: int,
                 sft_rows=()) -> list[int]:
     """The backward passes each rank makes for this step's rows (GRPO and SFT pieces)."""
-    from trainer.sft import step_rows
+    from trainer.sft import sft_pieces
 
-    counts = []
-    for rank in range(world):
-        n = 0
-        if groups.groups_kept:
-            idx, _ = rank_rows(groups, step, cfg, rank, world)
-            n += len(length_pieces([groups.rows[i] for i in idx], cfg.micro_tokens, multiple))
-        if sft_rows:
-            mine = step_rows(len(sft_rows), cfg.sft_per_step, step, cfg.seed)[rank::world]
-            n += len(length_pieces([sft_rows[i] for i in mine], cfg.micro_tokens, multiple))
-        counts.append(n)
-    return counts
+    return [len(grpo_pieces(groups, step, cfg, rank, world, multiple))
+            + len(sft_pieces(list(sft_rows), step, cfg, rank, world, multiple)) for rank in range(world)]
+
+
+def grpo_pieces(groups: Groups, step: int, cfg: GRPOConfig, rank: int, world: int,
+                multiple: int) -> list[list[int]]:
+    """This rank's GRPO rows of the step (indices into groups.rows), one list per piece."""
+    if not groups.groups_kept:
+        return []
+    idx, _ = rank_rows(groups, step, cfg, rank, world)
+    return [[idx[j] for j in piece]
+            for piece in length_pieces([groups.rows[i] for i in idx], cfg.micro_tokens, multiple)]
 
 
 def length_pieces(rows: list[dict], max_tokens: int, multiple: int = 1) -> list[list[int]]:

@@ -65,21 +65,28 @@ def step_rows(n_rows: int, per_step: int, step: int, seed: int) -> list[int]:
     return step_group_order(n_rows, per_step, step, seed + 7919) if n_rows else []
 
 
+def sft_pieces(rows: list[dict], step: int, cfg, rank: int, world: int, multiple: int) -> list[list[int]]:
+    """This rank's SFT rows of the step (indices into rows), one list per piece."""
+    from trainer.grpo import length_pieces
+
+    mine = step_rows(len(rows), cfg.sft_per_step, step, cfg.seed)[rank::world]
+    return [[mine[j] for j in piece] for piece in length_pieces([rows[i] for i in mine], cfg.micro_tokens, multiple)]
+
+
 def sft_backward(engine, rows: list[dict], step: int, cfg, rank: int, world: int, pad_id: int,
                  device) -> tuple[float | torch.Tensor, dict]:
     """Back-propagate this rank's share of the step's SFT loss (scaled so DeepSpeed's mean
     over ranks gives sft_coef x the step's mean token NLL), piece by piece; returns the
     loss's value and the sums (nll, tokens); the values may be 0-d tensors on `device`."""
-    from trainer.grpo import length_pieces, pad_multiple
+    from trainer.grpo import pad_multiple
     from trainer.logprobs import token_logprobs
 
     order = step_rows(len(rows), cfg.sft_per_step, step, cfg.seed)
-    mine = order[rank::world]
     scale = cfg.sft_coef * world / max(float(sum(len(rows[i]["token_ids"]) for i in order)), 1.0)
     nll, tokens = 0.0, 0.0
     multiple = pad_multiple(cfg, device)
-    for piece in length_pieces([rows[i] for i in mine], cfg.micro_tokens, multiple):
-        host = pad_batch([rows[mine[j]] for j in piece], pad_id, multiple)
+    for piece in sft_pieces(rows, step, cfg, rank, world, multiple):
+        host = pad_batch([rows[i] for i in piece], pad_id, multiple)
         batch = batch_to(host, device)
         logp, _ = token_logprobs(engine, batch, cfg.temperature)
         piece_nll = -(logp * batch["mask"]).sum()
