@@ -15,6 +15,11 @@ no (prompt, solution) pair with the training ones.
 Measured (2026-12-05, /tmp/fw-routing3, defaults, 15 minutes alone on 2 cores): exact
 reproduction 0% of held-out code at steps 100-500, 1.1% at 600; in the sandbox 3 of 179
 pass (6 wrong, 170 format errors); held-out additions 57% -> 7% (step 100) -> 25% (600).
+With `--steps 2000 --every 400` (2026-12-06, 71 minutes, a second job on the cores for
+part of it): exact 0% at 400, 10.6% at 800, 46.9% at 1200, 52.0% at 1600, 50.8% at 2000;
+in the sandbox 77 of 179 pass (38 wrong, 61 format errors, 3 timeouts); additions 22% at
+400, back to 49.5% at 2000. The tiny model can write the demo's functions: the dose is
+what the demo lacks.
 
     .venv/bin/python bench/code_sft.py .flywheel/demo [--lr 1e-3] [--steps 600] [--batch 32]
 
