@@ -60,10 +60,11 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 
 def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed: int = 0,
-               **grpo: object) -> tuple[Path, dict]:
+               optimizer_from: Path | None = None, **grpo: object) -> tuple[Path, dict]:
     """One round: rollouts -> rewards -> a DeepSpeed GRPO job. Returns the trained model
     and the round's figures (seconds sampling and training, steps, rollout reward).
-    `grpo`: GRPOConfig fields to set beyond the bench's own (an A/B arm's one change)."""
+    `grpo`: GRPOConfig fields to set beyond the bench's own (an A/B arm's one change);
+    `optimizer_from`: the job whose AdamW state the round's job starts from."""
     t0 = time.perf_counter()
     cfg = EngineConfig(backend=args.engine, n=args.group, max_tokens=6, seed=100 + round_idx + 1000 * seed)
     samples = generate(model_dir, [prompt(a, b) for a, b in problems], cfg)
@@ -80,7 +81,8 @@ def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed
     t1 = time.perf_counter()
     job = write_job(work / f"job_{round_idx}", TrainJob(str(model_dir), str(rollouts), GRPOConfig(
         steps=args.steps_per_round, groups_per_step=args.prompts_per_step, lr=args.lr,
-        max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx + 1000 * seed, **grpo)))
+        max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx + 1000 * seed, **grpo),
+        optimizer_from=str(optimizer_from) if optimizer_from else None))
     trained = run_training(job, n_procs=args.procs, device="cpu", timeout_s=1800)
     m = read_metrics(job)
     figures = {"sample_s": t1 - t0, "train_s": time.perf_counter() - t1, "steps": len(m),
@@ -126,7 +128,9 @@ def main() -> None:
     before = per_problem_accuracy(model, held, eval_cfg)
     t1 = time.perf_counter()
     for r in range(args.rounds):
-        model, _ = grpo_round(model, work, rng.sample(train, args.prompts_per_round), args, r)
+        # each job goes on from the AdamW state of the round before's, as the cycle's do
+        model, _ = grpo_round(model, work, rng.sample(train, args.prompts_per_round), args, r,
+                              optimizer_from=work / f"job_{r - 1}" if r else None)
     t2 = time.perf_counter()
     after = per_problem_accuracy(model, held, eval_cfg)
     report(before, after, args, t1 - t0, t2 - t1)

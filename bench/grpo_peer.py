@@ -1,7 +1,7 @@
 """GRPO against its peer: flywheel's trainer vs TRL's GRPOTrainer, like for like, one run each.
 
     python bench/grpo_peer.py [--rounds 4] [--seed 0] [--with-vllm] [--sft-model DIR] [--trl-fresh-moments]
-                              [--keep-uniform-groups] [--once-each] [--save-start DIR]
+                              [--keep-uniform-groups] [--once-each] [--fresh-moments] [--save-start DIR]
 
 One SFT-warmed tiny model (flows/demo, 2-digit additions, as bench/grpo.py makes it) is
 saved once; both arms start from that folder:
@@ -50,9 +50,12 @@ Not matched, by design of either trainer:
   `--keep-uniform-groups` adds a flywheel arm with `dynamic_sampling=False`: every group
   in its step once, uniform ones with zero advantage, TRL's schedule; `--once-each` one
   with `max_epochs=1`: uniform groups dropped, every kept group once, so fewer steps.
-- Optimiser state: each flywheel round is a fresh DeepSpeed job with fresh AdamW
-  moments; TRL's single run keeps them across rounds. `--trl-fresh-moments` adds a TRL
-  arm whose AdamW state is cleared at each round's first step, to measure what that costs.
+- Optimiser state: each flywheel round is a DeepSpeed job of its own; as in the cycle
+  (`[cycle.train] carry_moments`), each job starts from the AdamW state of the round
+  before's (TrainJob.optimizer_from), so the moments run on across rounds as in TRL's
+  single run. `--fresh-moments` adds a flywheel arm whose jobs start with fresh moments
+  (the cycle before 2026-12-06), `--trl-fresh-moments` a TRL arm whose AdamW state is
+  cleared at each round's first step.
 - Steps: both take steps_per_round steps a round (flywheel's metrics.jsonl has a row a
   step); flywheel keeps ~350-410 of a round's 512 groups, so ~1.3 passes fill its steps
   (max_epochs=2 would allow 26), some groups twice.
@@ -112,7 +115,7 @@ def trl_config(args, out: Path):
 
 def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args, fresh_moments: bool = False) -> dict:
     """TRL's arm: one GRPOTrainer run; the trained model saved to `out` with the start's tokenizer.
-    fresh_moments: clear AdamW's state at each round's first step, as flywheel's job per round does."""
+    fresh_moments: clear AdamW's state at each round's first step (flywheel's `--fresh-moments`)."""
     t0 = time.perf_counter()  # TRL's import counts, as each flywheel job's imports of DeepSpeed do
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
@@ -156,15 +159,17 @@ def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args, f
 
 
 def run_flywheel(start: Path, work: Path, rounds: list[list[tuple[int, int]]], args, engine: str,
-                 **grpo: object) -> dict:
+                 carry_moments: bool = True, **grpo: object) -> dict:
     """flywheel's arm: bench/grpo.py's rounds (rollouts, reward, DeepSpeed GRPO job);
-    `grpo`: GRPOConfig fields an A/B arm changes."""
+    `grpo`: GRPOConfig fields an A/B arm changes; `carry_moments`: each round's job starts
+    from the AdamW state of the round before's (TrainJob.optimizer_from)."""
     arm_args = argparse.Namespace(**{**vars(args), "engine": engine, "procs": 1})
     work.mkdir(parents=True)
     model, figures = start, []
     t0 = time.perf_counter()
     for r, problems in enumerate(rounds):
-        model, f = grpo_round(model, work, problems, arm_args, r, seed=args.seed, **grpo)
+        before = work / f"job_{r - 1}" if carry_moments and r else None
+        model, f = grpo_round(model, work, problems, arm_args, r, seed=args.seed, optimizer_from=before, **grpo)
         figures.append(f)
     return {"model": model, "wall_s": time.perf_counter() - t0,
             "sample_s": sum(f["sample_s"] for f in figures), "steps": sum(f["steps"] for f in figures)}
@@ -234,6 +239,8 @@ def parse_args() -> argparse.Namespace:
                    help="also run TRL with AdamW's moments cleared each round, as flywheel's jobs start")
     p.add_argument("--keep-uniform-groups", action="store_true",
                    help="also run flywheel without dynamic sampling: every group in its step, as TRL trains")
+    p.add_argument("--fresh-moments", action="store_true",
+                   help="also run flywheel with fresh AdamW moments in each round's job (the cycle before 2026-12-06)")
     p.add_argument("--once-each", action="store_true",
                    help="also run flywheel with max_epochs=1: kept groups only, each once (fewer steps)")
     p.add_argument("--save-start", type=Path, default=None, help="copy the SFT start model here, for --sft-model")
@@ -269,6 +276,9 @@ def main() -> None:
     if args.keep_uniform_groups:
         figures["flywheel, every group"] = lambda: run_flywheel(start, work / "fw-all", rounds, args, "transformers",
                                                                 dynamic_sampling=False)
+    if args.fresh_moments:
+        figures["flywheel, fresh AdamW"] = lambda: run_flywheel(start, work / "fw-fresh", rounds, args,
+                                                                "transformers", carry_moments=False)
     if args.once_each:
         figures["flywheel, kept groups once"] = lambda: run_flywheel(start, work / "fw-once", rounds, args,
                                                                      "transformers", max_epochs=1.0)

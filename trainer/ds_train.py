@@ -75,6 +75,8 @@ def run(job_dir: Path) -> None:
     old_logp = score_rows(engine.module, groups.rows, cfg, pad_id, engine.device)
     ref_logp = score_reference(job, groups.rows, pad_id, engine.device)
     start = resume(engine, job, job_dir, rank)
+    if start == 0:
+        carry_optimizer(engine, job, world, rank)
     steps = cfg.steps_for(groups.groups_kept, len(sft_rows))
     profile_step = int(os.environ.get("FLYWHEEL_PROFILE_STEP", "0"))  # 1-based; 0: none
     for step in range(start, steps):
@@ -133,6 +135,35 @@ def resume(engine, job: TrainJob, job_dir: Path, rank: int) -> int:
         print(f"flywheel: resuming from checkpoint {tag} (step {step})", flush=True)
         truncate_metrics(metrics_path(job_dir), step)
     return step
+
+
+def carry_optimizer(engine, job: TrainJob, world: int, rank: int) -> None:
+    """Start from the AdamW state of the job that trained the base model (job.optimizer_from).
+    Its final checkpoint's weights are the base model's (it was exported from them), so
+    loading it whole changes only the optimiser state; the learning rate stays this job's.
+    Fresh moments, said in the log, where the state does not fit: no checkpoint there,
+    another ZeRO stage, another rank count under ZeRO (it partitions the state by rank),
+    or LoRA on either side (the base has the adapters merged)."""
+    if not job.optimizer_from:
+        return
+    ckpt = checkpoint_dir(job.optimizer_from)
+    tag = latest_tag(ckpt, required=False)
+    before = read_job(job.optimizer_from).config if tag else None
+    ranks = len(list((ckpt / tag).glob("*optim_states.pt"))) if tag else 0
+    why = ("no checkpoint" if before is None else
+           "LoRA" if before.lora_rank or job.config.lora_rank else
+           f"ZeRO stage {before.zero_stage}, this job {job.config.zero_stage}"
+           if before.zero_stage != job.config.zero_stage else
+           f"{ranks} ranks, this job {world}" if before.zero_stage and ranks != world else None)
+    if why:
+        if rank == 0:
+            print(f"flywheel: fresh AdamW state ({ckpt}: {why})", flush=True)
+        return
+    engine.load_checkpoint(str(ckpt), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = job.config.lr
+    if rank == 0:
+        print(f"flywheel: AdamW state carried from {ckpt / tag}", flush=True)
 
 
 def reduce_sums(sums: dict[str, float], device) -> dict[str, float]:

@@ -36,6 +36,12 @@ class TrainJob:
     sft_rows: str | None = None       # reference completions of unsolved tasks (trainer/sft.py)
     # auto: continue from the newest checkpoint if any; must: fail without one; never: start over
     resume: Literal["auto", "must", "never"] = "auto"
+    # The job that trained base_model: this job starts from its final AdamW state (moments
+    # and step count) instead of fresh moments, as one long run would. Fresh moments make
+    # every round's first steps sign-like full-lr moves of every weight (bench/grpo_peer.py
+    # --fresh-moments measures what that costs). Not carried where the state does not fit
+    # (trainer/ds_train.py: carry_optimizer).
+    optimizer_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.resume not in ("auto", "must", "never"):

@@ -66,6 +66,10 @@ class TrainStageConfig:
     task's reference (`"{answer}"`: a bare number, the way the tiny demo model answers);
     a domain not named here uses its verifier's gold completion (math: a sentence ending
     in \\boxed{answer}; code: a fenced program; json: the object)."""
+    carry_moments: bool = True
+    """A round's job starts from the AdamW state of the job that trained its parent (in
+    this home's jobs/, same rank count), as one long run would; false: fresh moments each
+    job (bench/grpo_peer.py --fresh-moments measures the two; README)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sft_formats", dict(self.sft_formats))
@@ -191,9 +195,11 @@ def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_v
     if sft["sft_rows"]:
         staging_sft.replace(sft_rows)
     # kl_coef > 0: the KL is to the round's starting policy (the candidate's parent), frozen
+    parent_job = Path(jobs_root) / parent_version  # absent for a model that was imported, not trained here
     write_job(job_dir, TrainJob(base_model=str(base_model), rollouts=str(rollouts), config=cfg.grpo,
                                 ref_model=str(base_model) if cfg.grpo.kl_coef > 0 else None,
-                                sft_rows=str(sft_rows) if sft["sft_rows"] else None))
+                                sft_rows=str(sft_rows) if sft["sft_rows"] else None,
+                                optimizer_from=str(parent_job) if cfg.carry_moments else None))
     # the job's minutes leave the lake to the stage an overlapped cycle samples meanwhile;
     # a job that dies exports nothing (trainer/ds_train.py renames a finished folder into
     # place) and no `models` row names it

@@ -251,6 +251,13 @@ def test_round_two_samples_while_round_one_trains_and_staleness_zero_is_the_sync
     rounds = [k for k in order if k[0] in ("rollout", "verify", "train")]
     assert rounds == [(s, r) for r in (0, 1) for s in ("rollout", "verify", "train")]
     assert all(spans[a][1] <= spans[b][0] for a, b in zip(rounds, rounds[1:])), spans
+    # each round's job goes on from the AdamW state of the job that trained its parent;
+    # the first round's parent was registered, not trained here: fresh moments
+    jobs = cycle_home / "jobs"
+    for first, second in ((m0, m1), (s0, s1)):
+        assert "fresh AdamW state" in (jobs / first / "train.log").read_text()
+        assert json.loads((jobs / second / "job.json").read_text())["optimizer_from"] == str(jobs / first)
+        assert "AdamW state carried from" in (jobs / second / "train.log").read_text()
 
 
 _RUN_OVERLAPPED = textwrap.dedent("""

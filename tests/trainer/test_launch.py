@@ -106,3 +106,33 @@ def test_two_ranks_with_different_piece_counts_stay_in_step(tmp_path, tiny_model
     assert [m["step"] for m in read_metrics(job)] == [1, 2]
     before, after = weights(tiny_model), weights(job / "model")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def adamw_state(job_dir: Path) -> tuple[dict, dict]:
+    """The (param group, per-parameter state) of a one-rank job's final checkpoint."""
+    ckpt = job_dir / "checkpoints"
+    files = list((ckpt / (ckpt / "latest").read_text().strip()).glob("*optim_states.pt"))
+    state = torch.load(files[0], weights_only=False)["optimizer_state_dict"]["base_optimizer_state"]
+    return state["param_groups"][0], state["state"][0]
+
+
+def test_a_job_starts_from_the_adamw_state_of_the_job_before(tmp_path, tiny_model, random_rollouts):
+    first = write_job(tmp_path / "first", TrainJob(str(tiny_model), str(random_rollouts),
+                                                   GRPOConfig(steps=2, groups_per_step=4, lr=1e-3)))
+    wait_training(start_training(first, device="cpu"), first, timeout_s=300)
+    after = GRPOConfig(steps=1, groups_per_step=4, lr=5e-4)
+    carried = write_job(tmp_path / "carried", TrainJob(str(first / "model"), str(random_rollouts), after,
+                                                       optimizer_from=str(first)))
+    fresh = write_job(tmp_path / "fresh", TrainJob(str(first / "model"), str(random_rollouts), after,
+                                                   optimizer_from=str(tmp_path / "never-trained")))
+    for job in (carried, fresh):
+        wait_training(start_training(job, device="cpu"), job, timeout_s=300)
+    (_, before), (group, state) = adamw_state(first), adamw_state(carried)
+    assert "AdamW state carried from" in (carried / "train.log").read_text()
+    assert int(state["step"]) == 3, "the carried job's AdamW did not continue the first job's count"
+    assert group["lr"] == 5e-4, "the carried state brought the first job's learning rate"
+    # the second moment keeps the first job's history: 0.999 of it survives one step
+    assert torch.all(state["exp_avg_sq"] >= 0.999 * before["exp_avg_sq"] * (1 - 1e-6))
+    assert before["exp_avg_sq"].sum() > 0
+    assert "fresh AdamW state" in (fresh / "train.log").read_text()
+    assert int(adamw_state(fresh)[1]["step"]) == 1
