@@ -236,7 +236,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="the rounds' prompts, sampling and trainer seeds")
     p.add_argument("--with-vllm", action="store_true", help="also run flywheel with vLLM rollouts")
     p.add_argument("--trl-fresh-moments", action="store_true",
-                   help="also run TRL with AdamW's moments cleared each round, as flywheel's jobs start")
+                   help="also run TRL with AdamW's moments cleared each round (as flywheel's --fresh-moments)")
     p.add_argument("--keep-uniform-groups", action="store_true",
                    help="also run flywheel without dynamic sampling: every group in its step, as TRL trains")
     p.add_argument("--fresh-moments", action="store_true",
