@@ -140,7 +140,8 @@ def resume(engine, job: TrainJob, job_dir: Path, rank: int) -> int:
 def carry_optimizer(engine, job: TrainJob, world: int, rank: int) -> None:
     """Start from the AdamW state of the job that trained the base model (job.optimizer_from).
     Its final checkpoint's weights are the base model's (it was exported from them), so
-    loading it whole changes only the optimiser state; the learning rate stays this job's.
+    loading it whole changes only the optimiser state; learning rate and weight decay stay
+    this job's.
     Fresh moments, said in the log, where the state does not fit: no checkpoint there,
     another ZeRO stage, another rank count under ZeRO (it partitions the state by rank),
     or LoRA on either side (the base has the adapters merged)."""
@@ -160,8 +161,8 @@ def carry_optimizer(engine, job: TrainJob, world: int, rank: int) -> None:
             print(f"flywheel: fresh AdamW state ({ckpt}: {why})", flush=True)
         return
     engine.load_checkpoint(str(ckpt), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
-    for group in engine.optimizer.param_groups:
-        group["lr"] = job.config.lr
+    for group in engine.optimizer.param_groups:  # the checkpoint brought the old job's
+        group.update(lr=job.config.lr, weight_decay=job.config.weight_decay)
     if rank == 0:
         print(f"flywheel: AdamW state carried from {ckpt / tag}", flush=True)
 

@@ -120,7 +120,7 @@ def test_a_job_starts_from_the_adamw_state_of_the_job_before(tmp_path, tiny_mode
     first = write_job(tmp_path / "first", TrainJob(str(tiny_model), str(random_rollouts),
                                                    GRPOConfig(steps=2, groups_per_step=4, lr=1e-3)))
     wait_training(start_training(first, device="cpu"), first, timeout_s=300)
-    after = GRPOConfig(steps=1, groups_per_step=4, lr=5e-4)
+    after = GRPOConfig(steps=1, groups_per_step=4, lr=5e-4, weight_decay=0.01)
     carried = write_job(tmp_path / "carried", TrainJob(str(first / "model"), str(random_rollouts), after,
                                                        optimizer_from=str(first)))
     fresh = write_job(tmp_path / "fresh", TrainJob(str(first / "model"), str(random_rollouts), after,
@@ -130,7 +130,7 @@ def test_a_job_starts_from_the_adamw_state_of_the_job_before(tmp_path, tiny_mode
     (_, before), (group, state) = adamw_state(first), adamw_state(carried)
     assert "AdamW state carried from" in (carried / "train.log").read_text()
     assert int(state["step"]) == 3, "the carried job's AdamW did not continue the first job's count"
-    assert group["lr"] == 5e-4, "the carried state brought the first job's learning rate"
+    assert (group["lr"], group["weight_decay"]) == (5e-4, 0.01), "the carried state brought the first job's"
     # the second moment keeps the first job's history: 0.999 of it survives one step
     assert torch.all(state["exp_avg_sq"] >= 0.999 * before["exp_avg_sq"] * (1 - 1e-6))
     assert before["exp_avg_sq"].sum() > 0
