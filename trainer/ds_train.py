@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.grpo import (append_metrics, deepspeed_config, score_rows, step_metrics, timed,
+from trainer.grpo import (GRPOConfig, append_metrics, deepspeed_config, score_rows, step_metrics, timed,
                           train_step, truncate_metrics)
 from trainer.job import (TrainJob, checkpoint_dir, copy_tokenizer_files, latest_tag, metrics_path, model_dir,
                          read_job)
@@ -149,13 +149,7 @@ def carry_optimizer(engine, job: TrainJob, world: int, rank: int) -> None:
         return
     ckpt = checkpoint_dir(job.optimizer_from)
     tag = latest_tag(ckpt, required=False)
-    before = read_job(job.optimizer_from).config if tag else None
-    ranks = len(list((ckpt / tag).glob("*optim_states.pt"))) if tag else 0
-    why = ("no checkpoint" if before is None else
-           "LoRA" if before.lora_rank or job.config.lora_rank else
-           f"ZeRO stage {before.zero_stage}, this job {job.config.zero_stage}"
-           if before.zero_stage != job.config.zero_stage else
-           f"{ranks} ranks, this job {world}" if before.zero_stage and ranks != world else None)
+    why = unfit_optimizer_state(ckpt, tag, job.optimizer_from, job.config, world)
     if why:
         if rank == 0:
             print(f"flywheel: fresh AdamW state ({ckpt}: {why})", flush=True)
@@ -165,6 +159,22 @@ def carry_optimizer(engine, job: TrainJob, world: int, rank: int) -> None:
         group.update(lr=job.config.lr, weight_decay=job.config.weight_decay)
     if rank == 0:
         print(f"flywheel: AdamW state carried from {ckpt / tag}", flush=True)
+
+
+def unfit_optimizer_state(ckpt: Path, tag: str | None, before_dir: str | Path, config: GRPOConfig,
+                          world: int) -> str | None:
+    """Why the checkpoint's AdamW state cannot start this job, or None where it fits."""
+    if not tag:
+        return "no checkpoint"
+    before = read_job(before_dir).config
+    if before.lora_rank or config.lora_rank:
+        return "LoRA"
+    if before.zero_stage != config.zero_stage:
+        return f"ZeRO stage {before.zero_stage}, this job {config.zero_stage}"
+    ranks = len(list((ckpt / tag).glob("*optim_states.pt")))
+    if before.zero_stage and ranks != world:
+        return f"{ranks} ranks, this job {world}"
+    return None
 
 
 def reduce_sums(sums: dict[str, float], device) -> dict[str, float]:

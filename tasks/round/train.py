@@ -68,8 +68,10 @@ class TrainStageConfig:
     in \\boxed{answer}; code: a fenced program; json: the object)."""
     carry_moments: bool = True
     """A round's job starts from the AdamW state of the job that trained its parent (in
-    this home's jobs/, same rank count), as one long run would; false: fresh moments each
-    job (bench/grpo_peer.py --fresh-moments measures the two; README)."""
+    this home's jobs/), as one long run would; false: fresh moments each job
+    (bench/grpo_peer.py --fresh-moments measures the two; README). The job starts fresh,
+    and says so in its log, where the state does not fit: a parent imported rather than
+    trained here, another ZeRO stage or (under ZeRO) rank count, or LoRA on either side."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sft_formats", dict(self.sft_formats))

@@ -239,7 +239,7 @@ def test_round_two_samples_while_round_one_trains_and_staleness_zero_is_the_sync
     assert _lineage(cycle_home, "over")[1] == {0: {production}, 1: {production}}
     assert parent == m0 and _train_counts(cycle_home, "over", 1)["sampled_by"] == production
     spans = _round_spans(cycle_home, "over")
-    (train_start, train_end), (roll_start, roll_end) = spans[("train", 0)], spans[("rollout", 1)]
+    (train_start, train_end), (_, roll_end) = spans[("train", 0)], spans[("rollout", 1)]
     # and committed while it trained: the two stages' lake connections met (storage/lake_turn.py)
     assert train_start < roll_end < train_end, spans
     # k = 0: each round is sampled by the policy it trains, after the round before has trained
