@@ -17,9 +17,12 @@ Wall time of an arm covers its sampling and training only, not the shared SFT no
 evaluation; the ratios are flywheel/TRL. On 2 cores at load ~2 the two arms took 133 s
 and 108 s and the evaluation about a minute; the 400-step SFT took 8 min at load 3 and
 26 min at load 5, so a second seed passes the first run's folder (printed as "start
-model") as --sft-model. Shared cores swing the times: flywheel samples prompt by prompt,
-many small ops that slow down most when other jobs take the cores (300 s a round at
-load 5-8 against 8 s when quiet), so read the time ratio with the load it prints.
+model") as --sft-model. The start is not the same on every host: the same code and pins
+gave held-out pass@1 0.234 after 400 SFT steps on one and 0.060 on another (0.708 after
+600), so compare arms within one start, never starts across hosts. Shared cores swing
+the times: flywheel samples prompt by prompt, many small ops that slow down most when
+other jobs take the cores (300 s a round at load 5-8 against 8 s when quiet), so read the
+time ratio with the load it prints.
 
 Settings, flywheel (GRPOConfig defaults, bench flags) -> TRL GRPOConfig:
   G samples a prompt -> num_generations; groups_per_step x G -> per_device_train_batch_size
