@@ -60,11 +60,12 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 
 def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed: int = 0,
-               optimizer_from: Path | None = None, **grpo: object) -> tuple[Path, dict]:
+               optimizer_from: Path | None = None, warm: bool = True, **grpo: object) -> tuple[Path, dict]:
     """One round: rollouts -> rewards -> a DeepSpeed GRPO job. Returns the trained model
     and the round's figures (seconds sampling and training, steps, rollout reward).
     `grpo`: GRPOConfig fields to set beyond the bench's own (an A/B arm's one change);
-    `optimizer_from`: the job whose AdamW state the round's job starts from."""
+    `optimizer_from`: the job whose AdamW state the round's job starts from; `warm`: fork
+    the job from the warm launcher (trainer/warm_launch.py), else start it cold."""
     t0 = time.perf_counter()
     cfg = EngineConfig(backend=args.engine, n=args.group, max_tokens=6, seed=100 + round_idx + 1000 * seed)
     samples = generate(model_dir, [prompt(a, b) for a, b in problems], cfg)
@@ -83,7 +84,7 @@ def grpo_round(model_dir: Path, work: Path, problems, args, round_idx: int, seed
         steps=args.steps_per_round, groups_per_step=args.prompts_per_step, lr=args.lr,
         max_tokens=6, checkpoint_every=args.steps_per_round, seed=round_idx + 1000 * seed, **grpo),
         optimizer_from=str(optimizer_from) if optimizer_from else None))
-    trained = run_training(job, n_procs=args.procs, device="cpu", timeout_s=1800)
+    trained = run_training(job, n_procs=args.procs, device="cpu", timeout_s=1800, warm=warm)
     m = read_metrics(job)
     figures = {"sample_s": t1 - t0, "train_s": time.perf_counter() - t1, "steps": len(m),
                "rollout_reward": total / len(samples)}

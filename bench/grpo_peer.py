@@ -1,7 +1,8 @@
 """GRPO against its peer: flywheel's trainer vs TRL's GRPOTrainer, like for like, one run each.
 
     python bench/grpo_peer.py [--rounds 4] [--seed 0] [--with-vllm] [--sft-model DIR] [--trl-fresh-moments]
-                              [--keep-uniform-groups] [--once-each] [--fresh-moments] [--save-start DIR]
+                              [--keep-uniform-groups] [--once-each] [--fresh-moments] [--cold-jobs]
+                              [--save-start DIR]
 
 One SFT-warmed tiny model (flows/demo, 2-digit additions, as bench/grpo.py makes it) is
 saved once; both arms start from that folder:
@@ -59,6 +60,11 @@ Not matched, by design of either trainer:
   single run. `--fresh-moments` adds a flywheel arm whose jobs start with fresh moments
   (the cycle before 2026-12-06), `--trl-fresh-moments` a TRL arm whose AdamW state is
   cleared at each round's first step.
+- Process start: TRL pays its imports once; each flywheel round is a job of its own,
+  forked (as in the cycle, `[cycle.train] warm_launch`) from a launcher that has imported
+  torch, DeepSpeed and transformers, which the arm starts, so its first job pays the
+  imports as TRL's run does. `--cold-jobs` adds a flywheel arm whose jobs each start a
+  cold interpreter (before 2026-12-06): the same weights, ~8 s more a job.
 - Steps: both take steps_per_round steps a round (flywheel's metrics.jsonl has a row a
   step); flywheel keeps ~350-410 of a round's 512 groups, so ~1.3 passes fill its steps
   (max_epochs=2 would allow 26), some groups twice.
@@ -87,6 +93,7 @@ from bench.grpo import grpo_round, mean_ci, per_problem_accuracy, prompt, reward
 from trainer.engine import EngineConfig  # noqa: E402
 from trainer.grpo import GRPOConfig  # noqa: E402
 from trainer.job import copy_tokenizer_files  # noqa: E402
+from trainer.launch import close_warm_launcher  # noqa: E402
 
 MAX_TOKENS = 6  # bench/grpo.py's completion budget: a 3-digit sum and <|im_end|>
 
@@ -162,17 +169,20 @@ def run_trl(start: Path, out: Path, rounds: list[list[tuple[int, int]]], args, f
 
 
 def run_flywheel(start: Path, work: Path, rounds: list[list[tuple[int, int]]], args, engine: str,
-                 carry_moments: bool = True, **grpo: object) -> dict:
+                 carry_moments: bool = True, warm: bool = True, **grpo: object) -> dict:
     """flywheel's arm: bench/grpo.py's rounds (rollouts, reward, DeepSpeed GRPO job);
     `grpo`: GRPOConfig fields an A/B arm changes; `carry_moments`: each round's job starts
-    from the AdamW state of the round before's (TrainJob.optimizer_from)."""
+    from the AdamW state of the round before's (TrainJob.optimizer_from); `warm`: jobs
+    forked from a warm launcher, which the arm starts (its first job pays the imports)."""
     arm_args = argparse.Namespace(**{**vars(args), "engine": engine, "procs": 1})
     work.mkdir(parents=True)
     model, figures = start, []
+    close_warm_launcher()  # no arm inherits a launcher another arm warmed
     t0 = time.perf_counter()
     for r, problems in enumerate(rounds):
         before = work / f"job_{r - 1}" if carry_moments and r else None
-        model, f = grpo_round(model, work, problems, arm_args, r, seed=args.seed, optimizer_from=before, **grpo)
+        model, f = grpo_round(model, work, problems, arm_args, r, seed=args.seed, optimizer_from=before, warm=warm,
+                              **grpo)
         figures.append(f)
     return {"model": model, "wall_s": time.perf_counter() - t0,
             "sample_s": sum(f["sample_s"] for f in figures), "steps": sum(f["steps"] for f in figures)}
@@ -246,6 +256,8 @@ def parse_args() -> argparse.Namespace:
                    help="also run flywheel with fresh AdamW moments in each round's job (the cycle before 2026-12-06)")
     p.add_argument("--once-each", action="store_true",
                    help="also run flywheel with max_epochs=1: kept groups only, each once (fewer steps)")
+    p.add_argument("--cold-jobs", action="store_true",
+                   help="also run flywheel with every job a cold interpreter (the launch before 2026-12-06)")
     p.add_argument("--save-start", type=Path, default=None, help="copy the SFT start model here, for --sft-model")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args()
@@ -285,6 +297,9 @@ def main() -> None:
     if args.once_each:
         figures["flywheel, kept groups once"] = lambda: run_flywheel(start, work / "fw-once", rounds, args,
                                                                      "transformers", max_epochs=1.0)
+    if args.cold_jobs:
+        figures["flywheel, cold jobs"] = lambda: run_flywheel(start, work / "fw-cold", rounds, args, "transformers",
+                                                              warm=False)
     if args.with_vllm:
         figures["flywheel (vLLM rollouts)"] = lambda: run_flywheel(start, work / "fw-vllm", rounds, args, "vllm")
     arms = {}

@@ -1,6 +1,7 @@
 """Overlapped rounds against the synchronous loop: one lake, two copies, same seeds.
 
     python bench/overlap.py [--rounds 3] [--logs 1500] [--tasks-per-round 256] [--train-steps 20] [--workdir DIR]
+                            [--cold-jobs]
 
 Prepares one FLYWHEEL_HOME as the demo does (the tiny model SFT-warmed to about half
 right on additions, the demo's evaluation sets and flywheel.toml), lands demo-data
@@ -12,7 +13,9 @@ from, while round r trains). Prints each arm's wall time for its rounds (first r
 start to last train end, from `cycle_stages`) and for the whole cycle, their ratio, and
 the final candidate's held-out pass@1 on each evaluation set with a 95% interval
 (mean over items of each item's pass rate, +/- 1.96 standard errors), so the learning
-of the two arms can be compared against the noise of either.
+of the two arms can be compared against the noise of either. `--cold-jobs` adds a third
+arm: synchronous, with every training job a cold interpreter (`[cycle.train]
+warm_launch = false`, the cycle before 2026-12-06) instead of a fork of the warm launcher.
 """
 from __future__ import annotations
 
@@ -101,8 +104,9 @@ def held_out(home: Path) -> dict[str, tuple[float, float, int]]:
         con.close()
 
 
-def run_arm(home: Path, rounds: int, staleness: int, args) -> dict:
+def run_arm(home: Path, rounds: int, staleness: int, args, warm_launch: bool = True) -> dict:
     started = time.perf_counter()
+    os.environ["FLYWHEEL_CYCLE_TRAIN_WARM_LAUNCH"] = str(warm_launch).lower()
     flywheel(home, "cycle", "--cycle-id", f"staleness-{staleness}", "--rounds", str(rounds),
              "--tasks-per-round", str(args.tasks_per_round), "--max-staleness", str(staleness))
     return {"cycle_s": time.perf_counter() - started, "rounds_s": rounds_seconds(home), "held_out": held_out(home)}
@@ -115,6 +119,7 @@ def main() -> None:
     parser.add_argument("--tasks-per-round", type=int, default=256)
     parser.add_argument("--train-steps", type=int, default=20)
     parser.add_argument("--workdir", help="keep the prepared lake here and reuse it on the next run")
+    parser.add_argument("--cold-jobs", action="store_true", help="add a synchronous arm with cold training jobs")
     args = parser.parse_args()
     os.environ["FLYWHEEL_CYCLE_TRAIN_GRPO_STEPS"] = str(args.train_steps)
     with tempfile.TemporaryDirectory(prefix="flywheel-overlap-") as tmp:
@@ -130,23 +135,27 @@ def main() -> None:
             print(f"prepared in {time.perf_counter() - t0:.0f} s: tiny model, demo evaluation sets, "
                   f"{args.logs} logs", flush=True)
         arms = {}
-        for staleness in (0, 1):
+        plan = [("synchronous (k=0)", 0, True), ("overlapped (k=1)", 1, True)]
+        if args.cold_jobs:
+            plan.append(("k=0, cold jobs", 0, False))
+        for label, staleness, warm in plan:
             shutil.rmtree(home, ignore_errors=True)
             shutil.copytree(prepared, home)
             load = os.getloadavg()[0]
-            arms[staleness] = run_arm(home, args.rounds, staleness, args)
-            print(f"max_staleness {staleness}: cycle {arms[staleness]['cycle_s']:.0f} s, "
-                  f"rounds {arms[staleness]['rounds_s']:.0f} s (load average at start {load:.1f})", flush=True)
+            arms[label] = run_arm(home, args.rounds, staleness, args, warm)
+            print(f"{label}: cycle {arms[label]['cycle_s']:.0f} s, "
+                  f"rounds {arms[label]['rounds_s']:.0f} s (load average at start {load:.1f})", flush=True)
     print(f"\n{args.rounds} rounds, {args.tasks_per_round} tasks per round, {args.train_steps} steps per round, "
-          f"{os.cpu_count()} cores")
-    print(f"{'':24}{'synchronous (k=0)':>20}{'overlapped (k=1)':>20}{'ratio':>8}")
-    for key, label in (("rounds_s", "rounds, s"), ("cycle_s", "whole cycle, s")):
-        a, b = arms[0][key], arms[1][key]
-        print(f"{label:24}{a:>20.1f}{b:>20.1f}{a / b:>8.2f}")
-    for name in sorted(arms[0]["held_out"]):
-        (m0, h0, n), (m1, h1, _) = arms[0]["held_out"][name], arms[1]["held_out"].get(name, (0.0, 0.0, 0))
-        print(f"{'pass@1 ' + name:24}{f'{m0:.3f} +/- {h0:.3f}':>20}{f'{m1:.3f} +/- {h1:.3f}':>20}"
-              f"{'':>8} ({n} items)")
+          f"{os.cpu_count()} cores; ratios: each arm's time over the synchronous arm's")
+    print(f"{'':24}" + "".join(f"{label:>22}" for label in arms))
+    sync = arms["synchronous (k=0)"]
+    for key, name in (("rounds_s", "rounds, s"), ("cycle_s", "whole cycle, s")):
+        print(f"{name:24}" + "".join(f"{arm[key]:>13.1f} ({arm[key] / sync[key]:.2f}x)" for arm in arms.values()))
+    for name in sorted(sync["held_out"]):
+        n = sync["held_out"][name][2]
+        cells = [arm["held_out"].get(name, (0.0, 0.0, 0)) for arm in arms.values()]
+        print(f"{'pass@1 ' + name:24}" + "".join(f"{f'{m:.3f} +/- {h:.3f}':>22}" for m, h, _ in cells)
+              + f" ({n} items)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Per-process entry point started by the `deepspeed` launcher (or, for one process, by
-trainer.launch itself): `-m trainer.ds_train --job DIR`.
+trainer.launch itself, or forked by trainer/warm_launch.py): `-m trainer.ds_train --job DIR`.
 
 Every rank loads the same job, rollouts and base model, wraps the model in a DeepSpeed
 engine (client-side torch AdamW: DeepSpeed's fused Adam would need a C++ build on CPU),
@@ -214,11 +214,15 @@ def export_model(engine, job: TrainJob, job_dir: Path, tag: str, rank: int) -> N
     tmp.rename(out)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, type=Path)
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
     # trainer.launch names the port of a rank it starts itself (MASTER_PORT is set from it),
     # so that the job's all-reduce buffers can be found by port once it ends
     parser.add_argument("--master_port", type=int, default=None)
-    run(parser.parse_args().job)
+    run(parser.parse_args(argv).job)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,26 +1,37 @@
-"""Start a training job as a `deepspeed` launcher subprocess and wait for its model.
+"""Start a training job in processes of its own and wait for its model.
 
 The caller's process (a Prefect task, a test) never imports DeepSpeed or joins a
 process group: `start_training` checks the job (rollouts parse, a required checkpoint
-exists) so bad input fails here with a clear error, then runs
-`deepspeed --num_gpus N --module trainer.ds_train --job DIR` in its own process
-group; `wait_training` returns the exported model folder or raises with the log tail.
-A one-process job starts its rank directly with the variables the launcher would
-set: the launcher adds two interpreters that each import DeepSpeed, 4-5 s of every
-job on 2 cores, to spawn a single child.
+exists) so bad input fails here with a clear error, then starts the job in its own
+process group; `wait_training` returns the exported model folder or raises with the
+log tail. How it starts:
+- on CPU, by default, forked from the process's warm launcher (trainer/warm_launch.py),
+  which has already imported torch, DeepSpeed and transformers: ~8 s less a job on 2
+  cores, the same weights; several ranks are forked and watched there as the
+  `deepspeed` launcher would;
+- otherwise (a GPU, or `warm=False`) cold: `deepspeed --num_gpus N --module
+  trainer.ds_train --job DIR`, and a one-process job as its rank directly, with the
+  variables the launcher would set (the launcher adds two interpreters that each import
+  DeepSpeed, 4-5 s of every job on 2 cores, to spawn a single child).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import atexit
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from trainer.job import checkpoint_dir, latest_tag, model_dir, read_job
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 from trainer.sft import read_sft_rows
+from trainer.warm_launch import ForkedJob, WarmLauncher
+
+_launcher: WarmLauncher | None = None  # the process's, started by its first warm job
+_launcher_lock = threading.Lock()
 
 
 def free_port() -> int:
@@ -45,8 +56,10 @@ def check_job(job_dir: Path) -> None:
         latest_tag(checkpoint_dir(job_dir), required=False)  # a dangling `latest` is an error
 
 
-def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto") -> subprocess.Popen:
-    """Launch the job; device 'cpu' forces the CPU accelerator (gloo), 'auto' picks GPU if any."""
+def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto",
+                   warm: bool = True) -> subprocess.Popen | ForkedJob:
+    """Launch the job; device 'cpu' forces the CPU accelerator (gloo), 'auto' picks GPU if any.
+    `warm`: fork a CPU job (its ranks) from the warm launcher; false: start it cold."""
     import torch
 
     job_dir = Path(job_dir).resolve()
@@ -63,11 +76,21 @@ def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto") 
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     port = str(free_port())
+    argv = ["--job", str(job_dir), "--master_port", port]
+    if warm and on_cpu:
+        # What deepspeed.launcher.launch sets for the job's local ranks; each rank's own
+        # RANK and LOCAL_RANK are set in the fork (trainer/warm_launch.py: lead_ranks).
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(n_procs), LOCAL_SIZE=str(n_procs),
+                   CROSS_RANK="0", CROSS_SIZE="1")
+        if n_procs == 1:
+            env.update(RANK="0", LOCAL_RANK="0")
+        return warm_launcher(env, root).start(argv, env, job_dir / "train.log", read_job(job_dir).base_model,
+                                              ranks=n_procs)
     if n_procs == 1:
         # What deepspeed.launcher.launch sets for one local rank (device visibility aside).
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0",
                    LOCAL_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1")
-        cmd = [sys.executable, "-u", "-m", "trainer.ds_train", "--job", str(job_dir), "--master_port", port]
+        cmd = [sys.executable, "-u", "-m", "trainer.ds_train", *argv]
     else:
         launcher = Path(sys.executable).parent / "deepspeed"
         cmd = [str(launcher), "--num_gpus", str(n_procs), "--master_port", port,
@@ -77,7 +100,27 @@ def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto") 
                             start_new_session=True)
 
 
-def wait_training(proc: subprocess.Popen, job_dir: str | Path, timeout_s: float | None = None) -> Path:
+def warm_launcher(env: dict[str, str], root: str) -> WarmLauncher:
+    """The process's launcher for jobs with this environment (a new one for another)."""
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or not _launcher.serves(env):
+            if _launcher is not None:
+                _launcher.close()
+            _launcher = WarmLauncher(env, root)
+        return _launcher
+
+
+@atexit.register
+def close_warm_launcher() -> None:
+    global _launcher
+    with _launcher_lock:
+        if _launcher is not None:
+            _launcher.close()
+            _launcher = None
+
+
+def wait_training(proc: subprocess.Popen | ForkedJob, job_dir: str | Path, timeout_s: float | None = None) -> Path:
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -93,7 +136,7 @@ def wait_training(proc: subprocess.Popen, job_dir: str | Path, timeout_s: float 
     return out
 
 
-def release_shared_memory(proc: subprocess.Popen) -> None:
+def release_shared_memory(proc: subprocess.Popen | ForkedJob) -> None:
     """Unlink the ended job's DeepSpeed all-reduce buffers; call it after killing a job.
 
     On CPU, DeepSpeed's shared-memory all-reduce gives each rank a 66 MB buffer in
@@ -106,6 +149,6 @@ def release_shared_memory(proc: subprocess.Popen) -> None:
 
 
 def run_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto",
-                 timeout_s: float | None = None) -> Path:
+                 timeout_s: float | None = None, warm: bool = True) -> Path:
     """Run a job to completion; returns the trained model's Hugging Face folder."""
-    return wait_training(start_training(job_dir, n_procs, device), job_dir, timeout_s)
+    return wait_training(start_training(job_dir, n_procs, device, warm), job_dir, timeout_s)

@@ -73,6 +73,11 @@ class TrainStageConfig:
     and says so in its log, where the state does not fit: a parent imported rather than
     trained here, another ZeRO stage or (under ZeRO) rank count, or LoRA on either side."""
 
+    warm_launch: bool = True
+    """A CPU job (each of its ranks) is forked from a launcher that has imported torch,
+    DeepSpeed and transformers once for the process (trainer/warm_launch.py: ~8 s less a
+    job on 2 cores, the same weights); false: every job starts cold interpreters."""
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "sft_formats", dict(self.sft_formats))
         if self.n_procs < 1:
@@ -206,7 +211,7 @@ def train_round(con: duckdb.DuckDBPyConnection, base_model: str | Path, parent_v
     # a job that dies exports nothing (trainer/ds_train.py renames a finished folder into
     # place) and no `models` row names it
     with lake_released(con):
-        trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s)
+        trained = run_training(job_dir, cfg.n_procs, cfg.device, cfg.timeout_s, cfg.warm_launch)
     with transaction(con, f"train {version[:12]} from {parent_version[:12]}"):
         append_rows(con, "train_steps", train_step_rows(read_metrics(job_dir), version, cycle_id))
         append_rows(con, "models", model_row(version, parent_version, str(trained), cycle_id, sampled_by))

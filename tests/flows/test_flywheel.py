@@ -272,7 +272,8 @@ def _trainer_pids(home: Path) -> list[tuple[int, Path]]:
     found = []
     for proc in Path("/proc").iterdir():
         try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
+            # a cold job's arguments, or the one title a forked job gives itself
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").split()
         except OSError:
             continue
         if b"trainer.ds_train" in args and b"--job" in args:
