@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from trainer import launch
 from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
-from trainer.launch import run_training, start_training, wait_training
+from trainer.launch import release_shared_memory, run_training, start_training, wait_training
 from trainer.warm_launch import ForkedJob
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -92,6 +92,7 @@ def test_a_rank_that_dies_has_the_other_killed(tmp_path, tiny_model, random_roll
     first, second = ranks_of(proc.pid, 2)
     first.kill()  # rank 1 alone would wait forever in its next all-reduce
     assert proc.wait(timeout=60) == 128 + signal.SIGKILL
+    release_shared_memory(proc)
     assert gone(second.pid) and not (job / "model").exists()
     assert "a rank exited with -9; killing the other ranks" in (job / "train.log").read_text()
 
@@ -123,6 +124,7 @@ def test_a_job_killed_mid_run_publishes_nothing(tmp_path, tiny_model, random_rol
     assert f"-m trainer.ds_train --job {job}" in title, title  # `ps` names the job, as for a cold one
     os.killpg(proc.pid, signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL
+    release_shared_memory(proc)  # what wait_training does for a job it waits on
     assert not (job / "model").exists()
     with pytest.raises(RuntimeError, match="exceeded 0.5s and was killed"):
         run_training(job, device="cpu", timeout_s=0.5)  # the timeout path kills the fork too
