@@ -17,9 +17,9 @@ log tail. How it starts:
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
-import atexit
 import subprocess
 import sys
 import threading
@@ -77,19 +77,19 @@ def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto",
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     port = str(free_port())
     argv = ["--job", str(job_dir), "--master_port", port]
-    if warm and on_cpu:
-        # What deepspeed.launcher.launch sets for the job's local ranks; each rank's own
-        # RANK and LOCAL_RANK are set in the fork (trainer/warm_launch.py: lead_ranks).
+    forked = warm and on_cpu
+    if forked or n_procs == 1:
+        # What deepspeed.launcher.launch sets for the job's local ranks (device visibility
+        # aside); forked ranks get their own RANK and LOCAL_RANK in the fork
+        # (trainer/warm_launch.py: lead_ranks).
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(n_procs), LOCAL_SIZE=str(n_procs),
                    CROSS_RANK="0", CROSS_SIZE="1")
         if n_procs == 1:
             env.update(RANK="0", LOCAL_RANK="0")
+    if forked:
         return warm_launcher(env, root).start(argv, env, job_dir / "train.log", read_job(job_dir).base_model,
                                               ranks=n_procs)
     if n_procs == 1:
-        # What deepspeed.launcher.launch sets for one local rank (device visibility aside).
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="1", RANK="0", LOCAL_RANK="0",
-                   LOCAL_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1")
         cmd = [sys.executable, "-u", "-m", "trainer.ds_train", *argv]
     else:
         launcher = Path(sys.executable).parent / "deepspeed"
