@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from bench.grpo import prompt  # noqa: E402
 from trainer.engine import EngineConfig, generate  # noqa: E402
 from trainer.grpo import GRPOConfig  # noqa: E402
 from trainer.job import TrainJob, read_metrics, write_job  # noqa: E402
@@ -51,7 +52,7 @@ def build_model(name: str, work: Path) -> Path:
 def random_rollouts(model: Path, path: Path) -> Path:
     rng = random.Random(0)
     problems = [(rng.randint(10, 99), rng.randint(10, 99)) for _ in range(16)]
-    samples = generate(model, [[{"role": "user", "content": f"What is {a}+{b}?"}] for a, b in problems],
+    samples = generate(model, [prompt(a, b) for a, b in problems],
                        EngineConfig(backend="transformers", n=4, max_tokens=MAX_TOKENS, seed=0))
     with path.open("w") as f:
         for s in samples:
