@@ -28,6 +28,8 @@ from trainer.sft import sft_backward
 
 
 GRPO_SUMS = ("kl", "clip_frac", "entropy", "tokens", "all_tokens")  # what a step adds up over its tokens
+# A logprob per completion token of each row; None for a row this rank does not train on
+RowScores = list[list[float] | None]
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,16 @@ def rank_rows(groups: Groups, step: int, cfg: GRPOConfig, rank: int, world: int)
     return idx[rank::world], len(idx)
 
 
-def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
+def rows_trained(groups: Groups, steps: int, cfg: GRPOConfig, rank: int, world: int) -> list[int]:
+    """Every row (index into groups.rows) this rank trains on in the job's `steps` steps:
+    the rows whose pi_old it must score. The others' ranks score theirs, and rows no step
+    reaches are not scored at all."""
+    if not groups.groups_kept:
+        return []
+    return sorted({i for step in range(steps) for i in rank_rows(groups, step, cfg, rank, world)[0]})
+
+
+def train_step(engine, groups: Groups, old_logp: RowScores, ref_logp: RowScores | None,
                step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int,
                sft_rows: list[dict] = ()) -> dict[str, float]:
     """One optimiser step; returns this rank's sums, reduced across ranks by the caller.
@@ -205,7 +216,7 @@ def train_step(engine, groups: Groups, old_logp: list[list[float]], ref_logp: li
     return {**dict(zip(out, values)), "loss": values[0] / world}
 
 
-def grpo_backward(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
+def grpo_backward(engine, groups: Groups, old_logp: RowScores, ref_logp: RowScores | None,
                   step: int, cfg: GRPOConfig, rank: int, world: int, pad_id: int) -> tuple[torch.Tensor, dict]:
     """Back-propagate this rank's GRPO loss for the step's groups, piece by piece; returns
     the loss's value and the sums (0-d tensors on the engine's device; all_tokens, known
@@ -259,7 +270,7 @@ def length_pieces(rows: list[dict], max_tokens: int, multiple: int = 1) -> list[
     return pieces
 
 
-def piece_loss_and_sums(engine, groups: Groups, old_logp: list[list[float]], ref_logp: list[list[float]] | None,
+def piece_loss_and_sums(engine, groups: Groups, old_logp: RowScores, ref_logp: RowScores | None,
                         idx: list[int], cfg: GRPOConfig, pad_id: int,
                         total_tokens: float) -> tuple[torch.Tensor, dict]:
     rows = [groups.rows[i] for i in idx]

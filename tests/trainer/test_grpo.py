@@ -3,7 +3,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.trainer.conftest import score_tokens
-from trainer.grpo import GRPOConfig, deepspeed_config, rank_rows, spread
+from trainer.grpo import GRPOConfig, deepspeed_config, rank_rows, rows_trained, spread
 from trainer.logprobs import token_logprobs
 from trainer.rollout_data import group_rollouts, pad_batch, read_rollouts
 
@@ -48,6 +48,23 @@ def test_ranks_split_a_step_without_overlap(random_rollouts):
     parts = [rank_rows(groups, 1, cfg, rank=r, world=2)[0] for r in range(2)]
     assert sorted(parts[0] + parts[1]) == sorted(whole) and total == len(whole)
     assert not set(parts[0]) & set(parts[1])
+
+
+def test_each_rank_scores_only_the_rows_it_trains_on(random_rollouts):
+    """pi_old is scored per rank for the rows of its own steps: the ranks together cover
+    every row a step trains on, each a share, and rows no step reaches are not scored."""
+    groups = group_rollouts(read_rollouts(random_rollouts), scale_by_std=False)
+    cfg = GRPOConfig(groups_per_step=3)
+    steps = 2  # 6 group-uses of the kept groups (more than 6 of 16): some never reached
+    reached = {i for s in range(steps) for i in rank_rows(groups, s, cfg, rank=0, world=1)[0]}
+    assert rows_trained(groups, steps, cfg, rank=0, world=1) == sorted(reached)
+    assert len(reached) < len(groups.rows)
+    mine = [rows_trained(groups, steps, cfg, rank=r, world=2) for r in range(2)]
+    assert set(mine[0]) | set(mine[1]) == reached
+    assert all(len(m) < len(reached) for m in mine)
+    for s in range(steps):
+        for r in range(2):
+            assert set(rank_rows(groups, s, cfg, rank=r, world=2)[0]) <= set(mine[r])
 
 
 def test_steps_are_capped_by_passes_over_the_kept_groups():

@@ -108,6 +108,21 @@ def test_two_ranks_with_different_piece_counts_stay_in_step(tmp_path, tiny_model
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_zero2_export_is_the_checkpoints_fp32_weights(tmp_path, tiny_model, random_rollouts):
+    """Under ZeRO-2 in fp32 the job exports its engine's module (no re-read of the
+    checkpoint): it must be, bit for bit, the master weights the checkpoint merges to."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    cfg = GRPOConfig(steps=2, groups_per_step=4, lr=1e-3)
+    job = write_job(tmp_path / "job", TrainJob(str(tiny_model), str(random_rollouts), cfg))
+    wait_training(start_training(job, n_procs=2, device="cpu"), job, timeout_s=300)
+    merged = get_fp32_state_dict_from_zero_checkpoint(str(job / "checkpoints"), tag="step_2")
+    exported, base = weights(job / "model"), weights(tiny_model)
+    assert set(exported) <= set(merged) and "model.embed_tokens.weight" in exported
+    assert all(torch.equal(exported[k], merged[k]) for k in exported)
+    assert any(not torch.equal(exported[k], base[k]) for k in base), "training did not change the weights"
+
+
 def adamw_state(job_dir: Path) -> tuple[dict, dict]:
     """The (param group, per-parameter state) of a one-rank job's final checkpoint."""
     ckpt = job_dir / "checkpoints"
