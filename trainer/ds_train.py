@@ -226,9 +226,9 @@ def export_model(engine, job: TrainJob, job_dir: Path, tag: str, rank: int) -> N
 
 
 def module_holds_master_weights(engine, config: GRPOConfig) -> bool:
-    """Whether the engine's module is the optimiser's fp32 weights, bit for bit: so under
-    ZeRO-1/2 in fp32 (CPU), where every rank keeps the whole model and DeepSpeed copies
-    the updated master partitions into it after each step. Exporting it then skips
+    """Whether the engine's module is the optimiser's fp32 weights, bit for bit, as under
+    ZeRO-1/2 in fp32 (CPU): every rank keeps the whole model, and DeepSpeed copies the
+    updated master partitions into it after each step. Exporting it then skips
     re-reading the checkpoint and loading the base model again (~1.3 s a SmolLM2 job).
     In bf16 (GPU) the module is a rounded copy; ZeRO-3 partitions it."""
     return config.zero_stage < 3 and all(p.dtype == torch.float32 for p in engine.module.parameters())

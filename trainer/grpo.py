@@ -173,7 +173,7 @@ def rank_rows(groups: Groups, step: int, cfg: GRPOConfig, rank: int, world: int)
 
 def rows_trained(groups: Groups, steps: int, cfg: GRPOConfig, rank: int, world: int) -> list[int]:
     """Every row (index into groups.rows) this rank trains on in the job's `steps` steps:
-    the rows whose pi_old it must score. The others' ranks score theirs, and rows no step
+    the rows whose pi_old it must score. The other ranks score theirs, and rows no step
     reaches are not scored at all."""
     if not groups.groups_kept:
         return []
