@@ -115,17 +115,24 @@ def write_samples(outputs, prompt_token_ids: list[list[int]], out_path: Path) ->
     return n_tokens
 
 
-def engine_shape(run: dict, cfg: dict) -> str:
-    """What an engine is built for, beyond its weights: equal shapes take a reload."""
-    folder = Path(run["model_dir"])
+def architecture(model_dir: str | Path) -> str:
+    """What an engine built for this folder is, beyond its weights: the network (config.json
+    less `_NOT_ARCHITECTURE`) and the tokenizer. Folders of equal architecture can share an
+    engine, each loaded into it in place (here, and in the gateway's servers)."""
+    folder = Path(model_dir)
     config = {k: v for k, v in json.loads((folder / "config.json").read_text()).items()
               if k not in _NOT_ARCHITECTURE}
     tokenizer = {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
                  for name in _TOKENIZER_FILES if (folder / name).is_file()}
+    return json.dumps([config, tokenizer], sort_keys=True)
+
+
+def engine_shape(run: dict, cfg: dict) -> str:
+    """What an engine is built for, beyond its weights: equal shapes take a reload."""
     engine = {"dtype": run["dtype"], "max_model_len": run["max_model_len"],
               "gpu_memory_utilization": cfg["gpu_memory_utilization"],
               "cpu_kv_cache_gib": cfg["cpu_kv_cache_gib"]}
-    return json.dumps([config, tokenizer, engine], sort_keys=True)
+    return json.dumps([json.loads(architecture(run["model_dir"])), engine], sort_keys=True)
 
 
 def weights_identity(model_dir: str) -> list:
@@ -138,12 +145,12 @@ def weights_identity(model_dir: str) -> list:
 def reload_in_place(llm, model_dir: str) -> None:
     """Load `model_dir`'s weights into the running engine (same architecture)."""
     llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
-    llm.collective_rpc(_refresh_cpu_gemm)
+    llm.collective_rpc(refresh_cpu_gemm)
     # Cached prefixes hold keys and values computed by the old weights.
     llm.reset_prefix_cache()
 
 
-def _refresh_cpu_gemm(worker) -> int:
+def refresh_cpu_gemm(worker) -> int:
     """Rebuild CPU matmul handles that point at the reload's scratch copy of a weight.
 
     vLLM 0.32's in-place reload processes each layer on a temporary copy and then copies
@@ -162,6 +169,17 @@ def _refresh_cpu_gemm(worker) -> int:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
             refreshed += 1
     return refreshed
+
+
+class InPlaceReload:
+    """vLLM worker extension (`--worker-extension-cls trainer.vllm_worker.InPlaceReload`) for
+    the servers the gateway starts: their API server runs the engine in another process, where
+    a collective call must be named, not passed as a function. The same steps as
+    `reload_in_place`, less the prefix cache (the API server resets that)."""
+
+    def flywheel_reload(self, weights_path: str) -> int:
+        self.reload_weights(weights_path=weights_path)
+        return refresh_cpu_gemm(self)
 
 
 class Server:

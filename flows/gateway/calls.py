@@ -94,6 +94,7 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
     """POST the call to the upstream the pool chooses and, if that one is UNREACHED, once to
     the pool's other upstream. Returns as soon as a response head is in, with the lease on
     the upstream that answered (the caller closes it when the call is over), or the 502."""
+    await pool.opened()  # no lease may start on a server whose weights are being swapped
     upstream, earlier = pool.choose(), ""
     while True:
         try:
@@ -104,7 +105,10 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
                     stream=True)
                 return held.pop_all(), upstream, response
         except httpx.HTTPError as exc:
-            other = pool.fallback(upstream) if isinstance(exc, UNREACHED) and not earlier else None
+            if not isinstance(exc, UNREACHED) or earlier:
+                return upstream_error(exc, upstream, earlier)
+            await pool.opened()
+            other = pool.fallback(upstream)
             if other is None:
                 return upstream_error(exc, upstream, earlier)
             earlier = f"{upstream.version} failed: {type(exc).__name__}: {exc}"

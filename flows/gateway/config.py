@@ -43,6 +43,17 @@ class GatewayConfig:
     """How often managed mode checks the lake for a new production model or candidate."""
     drain_s: float = 120.0
     """How long a replaced upstream may finish its in-flight calls before it is stopped."""
+    swap: str = "reload"
+    """How a new production model takes over from the one served (managed mode). `reload`:
+    a model of the same architecture and tokenizer is loaded into the running server; new
+    calls wait while the server's calls finish and the weights load (0.05 s for the tiny
+    model, 0.4-0.5 s for SmolLM2-135M on CPU), and no second server's memory is needed.
+    `restart`: a second server starts and takes the calls once it answers (no wait; ~45 s
+    here, and two servers' memory meanwhile). Another architecture, a promoted canary
+    (already warm) or a failed reload always take the restart path."""
+    swap_pause_s: float = 30.0
+    """`reload`: how long new calls may wait for the server's calls to finish; past it the
+    restart path is taken and the waiting calls go on to the old model."""
     rate_limit_rps: float = 0.0
     """Requests a second each client key may send on average (chat completions and feedback);
     0 = no limit. Past it a call gets 429 with `retry-after` (flows/gateway/limits.py)."""
@@ -65,9 +76,10 @@ class GatewayConfig:
     """On CPU: the KV cache of each server it starts (VLLM_CPU_KVCACHE_SPACE)."""
     serve_gpu_memory_fraction: float = 0.35
     """On a GPU: the share of its memory each server it starts may take
-    (`--gpu-memory-utilization`). A swap runs the old and the new server side by side until
-    the old one drains, so two of them, plus a canary if one is set, must fit beside
-    whatever else uses that GPU (a training worker on the same device)."""
+    (`--gpu-memory-utilization`). A swap by restart runs the old and the new server side by
+    side until the old one drains, so two of them, plus a canary if one is set, must fit
+    beside whatever else uses that GPU (a training worker on the same device); an in-place
+    swap (`swap = "reload"`) needs one, but falls back to a restart when it cannot reload."""
     serve_tool_parser: str = "pythonic"
     """vLLM's tool-call parser for the servers the gateway starts (`--tool-call-parser`): without
     one vLLM refuses any request with tools. `pythonic` needs no special tokens, so it works with
@@ -82,11 +94,14 @@ class GatewayConfig:
         for name in ("max_request_bytes", "max_messages", "ship_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        for name in ("upstream_timeout_s", "ship_max_age_s", "watch_s", "drain_s", "feedback_days"):
+        for name in ("upstream_timeout_s", "ship_max_age_s", "watch_s", "drain_s", "swap_pause_s",
+                     "feedback_days"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         if self.rate_limit_rps < 0 or self.rate_limit_burst < 0:
             raise ValueError("rate_limit_rps and rate_limit_burst must be >= 0 (0: no limit, one second's worth)")
+        if self.swap not in ("reload", "restart"):
+            raise ValueError(f"swap must be 'reload' or 'restart', got {self.swap!r}")
         if self.rate_limit_scope not in ("replica", "cluster"):
             raise ValueError(f"rate_limit_scope must be 'replica' or 'cluster', got {self.rate_limit_scope!r}")
         for name in ([self.replica] if self.replica else []) + list(self.peer_urls):

@@ -4,14 +4,18 @@ A call leases an upstream for its whole life (a stream included), so an upstream
 `in_flight` count is exact. A swap checks the new upstream's health, makes it the
 primary (calls that start afterwards go there), then waits for the old one's calls to
 finish before stopping it: nothing in flight is cut, nothing new reaches a stopped
-server. All of this runs on the gateway's one event loop, so the counters need no lock.
+server. An in-place swap (`reload_primary`) loads the new model into the primary's own
+server instead: new calls wait at the door (`opened`) until the primary's calls have
+finished and the weights are loaded, so every call is answered by one model, start to
+end, and logged as that model. All of this runs on the gateway's one event loop, so the
+counters need no lock.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -79,6 +83,40 @@ class UpstreamPool:
         self._idle = asyncio.Condition()
         self.retiring: dict[Upstream, asyncio.Task] = {}
         """Replaced upstreams still finishing their calls; a swap does not wait for them."""
+        self._open = asyncio.Event()
+        self._open.set()
+
+    async def opened(self) -> None:
+        """Return once calls may start: at once, except during an in-place swap."""
+        while not self._open.is_set():  # woken, the door may have closed again for the next swap
+            await self._open.wait()
+
+    def resume(self) -> None:
+        """Let calls start again (after a swap that `reload_primary` left closed)."""
+        self._open.set()
+
+    async def reload_primary(self, version: str, load: Callable[[], Awaitable[None]], pause_s: float) -> bool:
+        """Make the primary's server answer as `version`: hold new calls, wait up to `pause_s`
+        for the primary's calls to finish, run `load` (which puts the new weights into that
+        server), then let calls start again, on the new version. False, with nothing changed
+        and calls let through, when the calls did not finish in time. When `load` raises, the
+        door stays closed: the server's weights are in an unknown state, so the caller replaces
+        the server before it calls `resume`."""
+        old = self.primary
+        self._open.clear()
+        async with self._idle:
+            try:
+                await asyncio.wait_for(self._idle.wait_for(lambda: old.in_flight == 0), pause_s)
+            except TimeoutError:
+                log.warning("gateway: %s still had %d calls after %.0f s; starting a server for %s instead",
+                            old.version, old.in_flight, pause_s, version)
+                self._open.set()
+                return False
+        await load()
+        self.primary = Upstream(version, old.url, old.served_name, old.process, drop_fields=old.drop_fields)
+        log.info("gateway: primary is now %s, loaded into the server of %s (%s)", version, old.version, old.url)
+        self._open.set()
+        return True
 
     def choose(self) -> Upstream:
         if self.canary is not None and self._rng.random() < self.canary_share:

@@ -1,8 +1,10 @@
 """Managed mode: the gateway serves the lake's production model and follows every promotion.
 
 Every `watch_s` seconds it reads the `models` table. A new production version (promoted
-by the gate, or by `flywheel model promote` for a rollback) gets its own `vllm serve`;
-once that answers, it becomes the primary and the old server is drained and stopped
+by the gate, or by `flywheel model promote` for a rollback) of the served model's
+architecture is loaded into the running server in place (`swap = "reload"`, the default:
+flows/gateway/vllm_reload.py); otherwise it gets its own `vllm serve`, and once that
+answers it becomes the primary and the old server is drained and stopped
 (flows/gateway/upstreams.py). With `canary_share > 0`, the newest candidate is served
 beside it and takes that share of calls until the gate decides; a promoted canary is
 already warm and simply takes all traffic. A server that dies (vLLM's engine crashed)
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.gateway.upstreams import Upstream
@@ -47,19 +50,23 @@ class ProductionWatch:
         finally:
             con.close()
 
-    def _serve(self, version: str) -> Upstream:
+    def _model_dir(self, version: str) -> Path:
         con = open_lake(self.gateway.settings, read_only=True)
         try:
-            model_dir = local_model_dir(self.gateway.settings, con, version)
+            return local_model_dir(self.gateway.settings, con, version)
         finally:
             con.close()
+
+    def _serve(self, version: str) -> Upstream:
+        model_dir = self._model_dir(version)
         if self.closed:
             raise ServeError("the gateway is stopping")
         served = ServedModel.start(model_dir, version, self.gateway.settings.home / "gateway" / "logs",
                                    max_model_len=self.cfg.serve_max_model_len,
                                    kv_cache_gib=self.cfg.serve_kv_cache_gib,
                                    gpu_memory_fraction=self.cfg.serve_gpu_memory_fraction,
-                                   tool_parser=self.cfg.serve_tool_parser)
+                                   tool_parser=self.cfg.serve_tool_parser,
+                                   reloadable=self.cfg.swap == "reload")
         self.starting.add(served)
         try:
             served.wait_ready()
@@ -112,16 +119,46 @@ class ProductionWatch:
             else:  # replaced while the new server came up: it is not needed
                 await asyncio.to_thread(new.stop)
 
+    async def reload(self, version: str) -> bool:
+        """Load `version` into the primary's own server, when the config and the model's
+        architecture allow it; whether the primary now serves it."""
+        pool, served = self.gateway.pool, self.gateway.pool.primary.process
+        if self.cfg.swap != "reload" or served is None:
+            return False
+        model_dir = await asyncio.to_thread(self._model_dir, version)
+        if not await asyncio.to_thread(served.can_reload, model_dir):
+            return False
+        took: list[float] = []
+
+        async def load() -> None:
+            took.append(await asyncio.to_thread(served.reload, model_dir))
+
+        try:
+            if not await pool.reload_primary(version, load, self.cfg.swap_pause_s):
+                return False
+        except ServeError:  # its weights are unknown now: calls keep waiting for a new server
+            log.exception("gateway: loading %s in place failed; starting a new server for it", version)
+            try:
+                await pool.switch(await asyncio.to_thread(self._serve, version), self.gateway.client,
+                                  self.cfg.drain_s)
+            except Exception:
+                await asyncio.to_thread(served.stop)  # never serve unknown weights: `revive` restarts it
+                raise
+            finally:
+                pool.resume()
+            return True
+        log.info("gateway: production is now %s, loaded into the running server in %.2f s", version, took[0])
+        return True
+
     async def check(self) -> None:
         pool, client, drain_s = self.gateway.pool, self.gateway.client, self.cfg.drain_s
         production, candidate = await asyncio.to_thread(self._versions)
         if production != pool.primary.version:
             if pool.canary is not None and pool.canary.version == production:
-                new = pool.canary
-            else:
+                await pool.switch(pool.canary, client, drain_s)
+            elif not await self.reload(production):
                 log.info("gateway: production is now %s; starting its server", production)
-                new = await asyncio.to_thread(self._serve, production)
-            await pool.switch(new, client, drain_s)
+                await pool.switch(await asyncio.to_thread(self._serve, production), client, drain_s)
         if self.cfg.canary_share <= 0:
             return
         current = pool.canary.version if pool.canary is not None else None

@@ -1,11 +1,14 @@
 """The gateway in front of `vllm serve` of a real instruct model (SmolLM2-135M-Instruct: BPE
 tokenizer, ChatML template, answers in sentences), driven by the `openai` SDK, its logs
-taken through `flywheel ingest`."""
+taken through `flywheel ingest`; the server takes other weights of its architecture in
+place, as the gateway's in-place swap loads a promoted policy."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -13,7 +16,7 @@ import pytest
 from flows.gateway.vllm_serve import ServedModel
 from storage.lake import open_lake
 from storage.settings import LakeSettings
-from tests.flows.gateway.conftest import shipped_records, start_gateway
+from tests.flows.gateway.conftest import recomputed, sampled_logprobs, shipped_records, start_gateway
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -22,7 +25,8 @@ ASK = [{"role": "user", "content": "What is 47 + 25?"}]
 
 def test_a_real_model_behind_the_gateway_answers_streams_keeps_schemas_and_its_failures_reach_the_lake(
         tmp_path, smollm2):
-    served = ServedModel.start(smollm2, "smollm2", tmp_path / "logs", max_model_len=2048).wait_ready(600)
+    served = ServedModel.start(smollm2, "smollm2", tmp_path / "logs", max_model_len=2048,
+                               reloadable=True).wait_ready(600)
     gateway = None
     try:
         gateway = start_gateway(tmp_path / "home", served.url)
@@ -53,6 +57,7 @@ def test_a_real_model_behind_the_gateway_answers_streams_keeps_schemas_and_its_f
         client.post("/feedback", cast_to=object,
                     body={"id": answer.id, "label": "bad", "correction": {"answer": "72"}, "comment": "say 72"})
         assert gateway.stop()  # a graceful stop ships the spool
+        assert_reloads_in_place(served, smollm2, perturbed_copy(smollm2, tmp_path / "other"))
     finally:
         if gateway is not None:
             gateway.stop()
@@ -77,3 +82,34 @@ def test_a_real_model_behind_the_gateway_answers_streams_keeps_schemas_and_its_f
     finally:
         con.close()
     assert (request_id, kind) == (f"{answer.id}:feedback", "feedback") and "72" in reference
+
+
+def perturbed_copy(model_dir: Path, out: Path) -> Path:
+    """SmolLM2's architecture with other weights: the (tied) embedding and the final norm
+    scaled, which the CPU reload must not leave reading the old copy of."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, out)
+    weights = load_file(out / "model.safetensors")
+    weights["model.embed_tokens.weight"] *= 1.1
+    weights["model.norm.weight"] *= 1.3
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def assert_reloads_in_place(served: ServedModel, first: Path, second: Path) -> None:
+    """Load `second` into the running server and back: each time, the logprobs it returns
+    (asked directly: these calls are not the gateway's) are transformers' on the folder it holds."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    for weights, other in ((first, second), (second, first), (first, second)):
+        if served.model_dir != weights:
+            assert served.can_reload(weights)
+            print(f"SmolLM2: {weights.name} loaded in place in {served.reload(weights):.2f} s")
+        _version, prompt_ids, ids, logprobs = sampled_logprobs(client, ASK[0]["content"], model=served.version)
+        same = max(abs(a - b) for a, b in zip(logprobs, recomputed(weights, prompt_ids, ids)))
+        different = max(abs(a - b) for a, b in zip(logprobs, recomputed(other, prompt_ids, ids)))
+        print(f"SmolLM2 holding {weights.name}: max |logprob - transformers'| {same:.2e}, {different:.2f} "
+              f"against the other weights")
+        assert same < 1e-3 and different > 0.05

@@ -174,3 +174,26 @@ class Load:
                 if not self.tolerate_outage:
                     self.failures.append(exc)
                 time.sleep(0.05)
+
+
+def sampled_logprobs(client, prompt: str, model: str = "flywheel") -> tuple[str, list[int], list[int], list[float]]:
+    """(version that answered, prompt ids, sampled ids, their logprobs) of a greedy call; the
+    version is the gateway's header ("" from a server asked directly)."""
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0,
+        logprobs=True, extra_body={"return_token_ids": True})
+    body = raw.parse().to_dict()
+    choice = body["choices"][0]
+    return (raw.headers.get("x-flywheel-model-version", ""), body["prompt_token_ids"], choice["token_ids"],
+            [t["logprob"] for t in choice["logprobs"]["content"]])
+
+
+def recomputed(model_dir, prompt_ids: list[int], ids: list[int]) -> list[float]:
+    """The logprobs transformers gives `ids` after `prompt_ids` under `model_dir`'s weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1:-1]
+    return torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()

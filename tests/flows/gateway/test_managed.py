@@ -1,6 +1,7 @@
 """Managed mode: the gateway serves the lake's production model with its own `vllm serve`,
 the newest candidate as a canary, and follows a promotion and a rollback, under load,
-without failing a call."""
+without failing a call: by starting a new server (`swap = "restart"`) or by loading the
+new weights into the running one (`swap = "reload"`, the default)."""
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ from storage.lake import open_lake
 from storage.settings import LakeSettings
 from tasks.release.models import folder_version, record_model, register_model
 from tasks.release.promote import promote
-from tests.flows.gateway.conftest import Load, shipped_records, start_gateway
+from tests.flows.gateway.conftest import Load, recomputed, sampled_logprobs, shipped_records, start_gateway
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -52,7 +53,7 @@ def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_w
     con.close()
     gateway = start_gateway(home, None, timeout_s=400, env={
         "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512",
-        "FLYWHEEL_GATEWAY_CANARY_SHARE": "0.3"})
+        "FLYWHEEL_GATEWAY_CANARY_SHARE": "0.3", "FLYWHEEL_GATEWAY_SWAP": "restart"})
     try:
         with Load(gateway.url, threads=2, max_calls=100_000, pause_s=0.1) as load:
             time.sleep(2)
@@ -95,6 +96,51 @@ def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_w
     assert all(logged[completion_id] == version for completion_id, version in load.answered)
     assert logged[revived] == old
     assert "vllm serve of " + old + " exited with" in gateway.log()
+
+
+def test_a_promotion_of_the_same_architecture_is_loaded_into_the_running_server(tmp_path):
+    home = tmp_path / "home"
+    settings = LakeSettings(home=home)
+    first, second = init_model(tmp_path / "first"), init_model(tmp_path / "second", ModelConfig(seed=1))
+    con = open_lake(settings)
+    old = register_model(con, settings, first, "in production first")
+    con.close()
+    gateway = start_gateway(home, None, timeout_s=400, env={
+        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512"})
+    prompts = ["What is 12+30?", "Name a colour."]
+    try:
+        [server] = servers_of(old)
+        before = [sampled_logprobs(gateway.client(), p) for p in prompts]
+        with Load(gateway.url, threads=2, max_calls=100_000, pause_s=0.05) as load:
+            time.sleep(3)
+            con = open_lake(settings)
+            new = register_model(con, settings, second, "trained")
+            promote(con, new, "the gate said so", manual=False)
+            con.close()
+            wait_for(gateway.url, "primary", new, timeout_s=60)
+            time.sleep(3)
+        after = [sampled_logprobs(gateway.client(), p) for p in prompts]
+        assert servers_of(old) == [server] and servers_of(new) == []  # the same process, no second server
+    finally:
+        assert gateway.stop()
+    versions = [version for _id, version in load.answered]
+    print(f"in-place swap test: {len(versions)} calls, {len(load.failures)} failed, {versions.count(new)} "
+          f"answered after the swap")
+    assert load.failures == []
+    assert versions[0] == old and versions[-1] == new and versions.count(new) > 10
+    assert versions == sorted(versions, key=lambda v: v == new)  # one switch, no call of the old after it
+    logged = {r["id"]: r["model_version"] for r in shipped_records(gateway.landing) if r["type"] == "call"}
+    assert all(logged[completion_id] == version for completion_id, version in load.answered)
+    assert "loaded into the running server" in gateway.log()
+    # The server computes with the weights of the version it says: its logprobs of what it
+    # sampled are transformers' on that folder, and far from the other folder's.
+    checks = [(call, first, second) for call in before] + [(call, second, first) for call in after]
+    for (version, prompt_ids, ids, logprobs), weights, other in checks:
+        assert version == (old if weights is first else new)
+        same = max(abs(a - b) for a, b in zip(logprobs, recomputed(weights, prompt_ids, ids)))
+        different = max(abs(a - b) for a, b in zip(logprobs, recomputed(other, prompt_ids, ids)))
+        print(f"{version[:12]}: max |logprob - transformers'| {same:.2e} on its weights, {different:.2f} on the other's")
+        assert same < 1e-4 and different > 0.05
 
 
 def kill_and_wait_for_a_new_server(gateway, version: str) -> str:
