@@ -114,7 +114,6 @@ class UpstreamPool:
                 return False
         await load()
         self.primary = Upstream(version, old.url, old.served_name, old.process, drop_fields=old.drop_fields)
-        log.info("gateway: primary is now %s, loaded into the server of %s (%s)", version, old.version, old.url)
         self._open.set()
         return True
 

@@ -22,6 +22,32 @@ def test_loss_covers_only_the_answer_and_eos(tiny_model, tmp_path):
     assert tok.decode(ids0[:n_prompt0]).endswith("<|im_start|>assistant\n")
 
 
+def test_a_step_in_length_sorted_passes_is_the_one_padded_batch(tiny_model, tmp_path):
+    """Cut into passes, each padded to its own longest, a step has the loss and gradient
+    of the whole batch padded to its longest (mean over all its answer tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from flows.demo.sft import answer_loss, step_backward
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "What is " + " plus ".join(map(str, range(2 + i % 7))) + "?",
+                                        "completion": str(sum(range(2 + i % 7))) * (1 + i % 3)}) + "\n"
+                            for i in range(11)))
+    examples = encode_pairs(tok, read_pairs(data))
+    assert len({len(ids) for ids, _ in examples}) > 4  # passes of different lengths
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    whole = answer_loss(model, collate(examples, tok.pad_token_id))
+    whole.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    loss = step_backward(model, examples, tok.pad_token_id, micro_batch=3)
+    assert loss == pytest.approx(whole.item(), abs=1e-5)
+    for got, want in zip((p.grad for p in model.parameters()), expected):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-4)
+
+
 def test_bad_pairs_file_says_which_line(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"prompt": "x", "completion": "1"}\n{"prompt": "y"}\n')
     with pytest.raises(ValueError, match="line 2: need 'completion'"):
