@@ -14,7 +14,8 @@ done or why not; samples travel as files, exactly as for a cold worker. The owne
 the only write end of the request pipe, so closing the engine, or the owner dying,
 ends the worker (end of file) without any signal handling here.
 
-A cycle holds one for its whole flow (`shared_engine`, flows/flywheel.py): Prefect
+A cycle holds one for its whole flow (`shared_engine`, flows/flywheel.py; the demo holds
+one across all its cycles, flows/demo/flow.py): Prefect
 tasks pass small values only, so `trainer.engine.generate_each` finds the process's
 shared engine rather than taking it as a task argument. `EngineConfig.warm = False`
 turns that off for a config's calls. Not here: freeing the engine's memory while

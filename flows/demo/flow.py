@@ -39,6 +39,7 @@ from flows.ingest import ingest_flow
 from flows.demo.tiny_model import ModelConfig, init_model
 from flows.demo.sft import SFTConfig, run_sft
 from tasks.cycle.config import cycle_config
+from trainer.warm_engine import shared_engine
 
 
 # Completion budgets beyond the sums' (12 when serving, 32 when sampling rollouts), in
@@ -180,7 +181,10 @@ def demo_flow(cfg: DemoConfig = DemoConfig()) -> list[dict]:
     con.close()
     version, model_dir = production_model(settings)
     served = []
-    with running_gateway(settings, home / "flywheel.toml", cfg.traffic.engine(model_dir).max_model_len) as gateway:
+    # One sampling engine for all the cycles (each cycle's block nests in this one): a cycle
+    # would otherwise start its own, ~16 s here for the tiny model, and it idles while serving.
+    with shared_engine(), running_gateway(settings, home / "flywheel.toml",
+                                          cfg.traffic.engine(model_dir).max_model_len) as gateway:
         print(f"gateway: {gateway.url}/v1 serves {version[:12]} (log: {gateway.log_path})")
         for c in range(1, cfg.cycles + 2):
             version, model_dir = production_model(settings)
