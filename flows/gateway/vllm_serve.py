@@ -6,8 +6,8 @@ looks up the version of a distribution called `vllm` and dies. The model is serv
 under its version name, so the upstream's own logs name the version too. Start-up
 costs about 45 s for the tiny demo model on 2 cores; the gateway keeps serving the old
 version all that time. A server started `reloadable` also takes a new model of its own
-architecture in place (`reload`, flows/gateway/vllm_reload.py): a second or two, and one
-server's memory, instead of a second server.
+architecture in place (`reload`, flows/gateway/vllm_reload.py): 0.05 s for the tiny model,
+0.4-0.5 s for SmolLM2-135M on CPU, and one server's memory, instead of a second server.
 """
 from __future__ import annotations
 
