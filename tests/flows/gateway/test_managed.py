@@ -44,16 +44,22 @@ def wait_for(url: str, key: str, value, timeout_s: float = 400) -> None:
     raise AssertionError(f"the gateway's {key} did not become {value} in {timeout_s} s")
 
 
-def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_without_a_failed_call(tmp_path):
-    home = tmp_path / "home"
-    settings = LakeSettings(home=home)
+def managed_gateway(tmp_path, **env: str):
+    """Two tiny models of one architecture, the first in production, and a managed gateway
+    checking the lake every second: (settings, first, second, first's version, gateway)."""
+    settings = LakeSettings(home=tmp_path / "home")
     first, second = init_model(tmp_path / "first"), init_model(tmp_path / "second", ModelConfig(seed=1))
     con = open_lake(settings)
     old = register_model(con, settings, first, "in production first")
     con.close()
-    gateway = start_gateway(home, None, timeout_s=400, env={
-        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512",
-        "FLYWHEEL_GATEWAY_CANARY_SHARE": "0.3", "FLYWHEEL_GATEWAY_SWAP": "restart"})
+    gateway = start_gateway(settings.home, None, timeout_s=400, env={
+        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512", **env})
+    return settings, first, second, old, gateway
+
+
+def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_without_a_failed_call(tmp_path):
+    settings, first, second, old, gateway = managed_gateway(tmp_path, FLYWHEEL_GATEWAY_CANARY_SHARE="0.3",
+                                                            FLYWHEEL_GATEWAY_SWAP="restart")
     try:
         with Load(gateway.url, threads=2, max_calls=100_000, pause_s=0.1) as load:
             time.sleep(2)
@@ -99,14 +105,7 @@ def test_the_gateway_serves_a_canary_then_follows_its_promotion_and_a_rollback_w
 
 
 def test_a_promotion_of_the_same_architecture_is_loaded_into_the_running_server(tmp_path):
-    home = tmp_path / "home"
-    settings = LakeSettings(home=home)
-    first, second = init_model(tmp_path / "first"), init_model(tmp_path / "second", ModelConfig(seed=1))
-    con = open_lake(settings)
-    old = register_model(con, settings, first, "in production first")
-    con.close()
-    gateway = start_gateway(home, None, timeout_s=400, env={
-        "FLYWHEEL_GATEWAY_WATCH_S": "1", "FLYWHEEL_GATEWAY_SERVE_MAX_MODEL_LEN": "512"})
+    settings, first, second, old, gateway = managed_gateway(tmp_path)
     prompts = ["What is 12+30?", "Name a colour."]
     try:
         [server] = servers_of(old)
