@@ -123,7 +123,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("item_id", pa.string()), ("contaminated", pa.bool_()),
         ("domain", pa.string()), ("sample_idx", pa.int32()), ("reward", pa.float64()),
         ("passed", pa.bool_()), ("status", pa.string()), ("completion_tokens", pa.int32()),
-        ("finish_reason", pa.string())),
+        ("finish_reason", pa.string()),
+        # settings: hash of the sampling and verifier settings (tasks.release.reuse);
+        # reused_from: the cycle that sampled this row when this cycle reused it, else null
+        added=(("settings", pa.string()), ("reused_from", pa.string()))),
     # the gate's decision on one candidate against production in one cycle (or
     # evaluation); `decision` holds the whole decision (interval, per-domain results)
     "gate_decisions": _schema(

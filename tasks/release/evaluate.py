@@ -20,7 +20,9 @@ model (docs/architecture.md, "Verifiers") and are left out of n; an item with no
 pass@1 and pass@k use the unbiased estimator (`tasks.release.passk`), per set and per domain.
 
 Rows go to `evaluations`, one per item x sample, replacing any rows this
-(policy_version, cycle_id) wrote before, in one commit. The generation engine is a
+(policy_version, cycle_id) wrote before, in one commit. A registered item this policy
+was already evaluated on under the same settings is not sampled again: its rows are
+copied from that evaluation (`tasks.release.reuse`; `reuse = false` samples everything). The generation engine is a
 parameter (`generate_each=`, same signature as `trainer.engine.generate_each`).
 Not here: the comparison of two policies (`tasks.release.gate`).
 """
@@ -29,7 +31,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import duckdb
@@ -40,6 +42,7 @@ import pyarrow as pa
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
 from tasks.curate import decontaminate
+from tasks.release import reuse
 from tasks.release.gate import GateConfig, bootstrap_ci
 from tasks.curate.holdout import is_heldout
 from tasks.release.passk import item_scores, mean_pass_at_k
@@ -65,6 +68,8 @@ class EvalConfig:
     decontam: how an eval item is matched against training tasks.
     verifiers / fanout / scheduler_address: how verification runs (tasks.round.scoring.score_rows).
     resamples / confidence / seed: the bootstrap interval of the headline pass@1.
+    reuse: take a registered item's rows from this policy's earlier evaluation under the
+        same settings instead of sampling it again (tasks.release.reuse).
     """
 
     engine: engine.EngineConfig = field(default_factory=lambda: engine.EngineConfig(n=8, max_tokens=32))
@@ -78,8 +83,11 @@ class EvalConfig:
     resamples: int = 2000
     confidence: float = 0.95
     seed: int = 0
+    reuse: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.reuse, bool):
+            raise ValueError(f"reuse must be true or false, got {self.reuse!r}")
         if not 1 <= self.k <= self.engine.n:
             raise ValueError(f"k must be in [1, engine.n={self.engine.n}] (pass@k needs k samples), got {self.k}")
         if not 0.0 <= self.heldout_fraction < 1.0:
@@ -110,6 +118,7 @@ class EvalSummary:
     process: tokens per answer, truncation / format-error / timeout / sandbox-error rates.
     item_scores: per clean item its pass rate (`score`), n judged and c passed: the gate's input.
     contaminated: excluded items with the training task that copies them and the evidence.
+    reused: items whose rows came from an earlier evaluation (tasks.release.reuse).
     """
 
     policy_version: str
@@ -122,6 +131,7 @@ class EvalSummary:
     process: dict
     item_scores: list[dict]
     contaminated: list[dict]
+    reused: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -192,7 +202,8 @@ def score_samples(items: list[Item], samples: list[engine.Sample], cfg: EvalConf
 
 
 def evaluation_rows(items: list[Item], samples: list[engine.Sample], verdicts: list[dict],
-                    contaminated: set[tuple[str, str]], policy_version: str, cycle_id: str) -> list[dict]:
+                    contaminated: set[tuple[str, str]], policy_version: str, cycle_id: str,
+                    settings: str) -> list[dict]:
     out = []
     for sample, verdict in zip(samples, verdicts, strict=True):
         item = items[sample.prompt_idx]
@@ -201,15 +212,14 @@ def evaluation_rows(items: list[Item], samples: list[engine.Sample], verdicts: l
                     "reward": float(verdict["reward"]), "passed": bool(verdict["passed"]),
                     "status": verdict["status"], "completion_tokens": len(sample.token_ids),
                     "finish_reason": sample.finish_reason,
-                    "contaminated": (item.eval_set, item.item_id) in contaminated, "cycle_id": cycle_id})
+                    "contaminated": (item.eval_set, item.item_id) in contaminated, "cycle_id": cycle_id,
+                    "settings": settings, "reused_from": None})
     return out
 
 
 def write_evaluations(con: duckdb.DuckDBPyConnection, rows: list[dict], policy_version: str,
                       cycle_id: str) -> None:
     """Replace this (policy, cycle)'s rows in one commit, so a rerun leaves no duplicates."""
-    # from_pylist keeps only the schema's columns: `contaminated` and `eval_version` are
-    # written once storage/schemas.py has them, and live in the summary until then.
     table = pa.Table.from_pylist(rows, schema=SCHEMAS["evaluations"])
     with transaction(con, f"evaluate {policy_version[:12]} in {cycle_id}: {len(rows)} samples"):
         con.execute("DELETE FROM lake.evaluations WHERE policy_version = ? AND cycle_id = ?",
@@ -271,6 +281,37 @@ class Policy:
     also_check: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """One policy's evaluation before sampling: the items that fit its context, the rows
+    reused for some of them, the rest to sample, and the contaminated items."""
+
+    policy: Policy
+    items: list[Item]
+    reused: dict[tuple[str, str], list[dict]]
+    to_sample: list[Item]
+    contaminated: dict[tuple[str, str], list[dict]]
+
+
+def plan_policy(con: duckdb.DuckDBPyConnection, policy: Policy, items: list[Item], cfg: EvalConfig,
+                settings: str, cycle_id: str, measure_fit: bool) -> _Plan:
+    mine = items
+    if items and measure_fit:  # longer than the model's context: unscorable
+        fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine,
+                                  [i.domain for i in items])
+        mine = [item for item, ok in zip(items, fits, strict=True) if ok]
+    reused = reuse.earlier_rows(con, policy.version, mine, settings, cfg.engine.n, cycle_id) if cfg.reuse else {}
+    train = training_tasks(con, policy.version, *policy.also_check)
+    return _Plan(policy, mine, reused, [i for i in mine if (i.eval_set, i.item_id) not in reused],
+                 find_contaminated(mine, train, cfg.decontam))
+
+
+def reused_rows(plan: _Plan, cycle_id: str) -> list[dict]:
+    """The plan's reused rows as this cycle's, with this cycle's contamination check."""
+    return [{**row, "cycle_id": cycle_id, "contaminated": key in plan.contaminated}
+            for key, rows in plan.reused.items() for row in rows]
+
+
 def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cfg: EvalConfig, cycle_id: str,
                       *, generate_each: GenerateEach = engine.generate_each) -> list[EvalSummary]:
     """Sample, check contamination, score, write `evaluations`; one summary per policy.
@@ -279,33 +320,32 @@ def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cf
     for candidate and production instead of once each.
     """
     items = registered_items(con) + fresh_items(con, cfg, cycle_id)
-    plans = []
-    for policy in policies:
-        mine = items
-        if items and generate_each is engine.generate_each:  # longer than the model's context: unscorable
-            fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine,
-                                      [i.domain for i in items])
-            mine = [item for item, ok in zip(items, fits, strict=True) if ok]
-        train = training_tasks(con, policy.version, *policy.also_check)
-        plans.append((policy, mine, find_contaminated(mine, train, cfg.decontam)))
-    sampled = [(policy, mine) for policy, mine, _ in plans if mine]
-    generated = generate_each([(policy.model_dir, [i.messages for i in mine]) for policy, mine in sampled],
-                              cfg.engine, [[i.domain for i in mine] for _, mine in sampled]) if sampled else []
+    settings = reuse.settings_key(cfg.engine, cfg.verifiers)
+    plans = [plan_policy(con, policy, items, cfg, settings, cycle_id, generate_each is engine.generate_each)
+             for policy in policies]
+    sampled = [plan for plan in plans if plan.to_sample]
+    generated = generate_each([(plan.policy.model_dir, [i.messages for i in plan.to_sample]) for plan in sampled],
+                              cfg.engine, [[i.domain for i in plan.to_sample] for plan in sampled]) if sampled else []
     if len(generated) != len(sampled):
         raise RuntimeError(f"the engine answered {len(generated)} of {len(sampled)} models")
     outputs = iter(generated)
     summaries = []
-    for policy, mine, contaminated in plans:
-        rows: list[dict] = []
-        if mine:
+    for plan in plans:
+        version = plan.policy.version
+        rows = reused_rows(plan, cycle_id)
+        if plan.to_sample:
             samples = next(outputs)
-            if len(samples) != len(mine) * cfg.engine.n:
-                raise RuntimeError(f"the engine returned {len(samples)} samples for {len(mine)} items "
+            if len(samples) != len(plan.to_sample) * cfg.engine.n:
+                raise RuntimeError(f"the engine returned {len(samples)} samples for {len(plan.to_sample)} items "
                                    f"x {cfg.engine.n}; expected one per item and sample")
-            verdicts = score_samples(mine, samples, cfg)
-            rows = evaluation_rows(mine, samples, verdicts, set(contaminated), policy.version, cycle_id)
-        write_evaluations(con, rows, policy.version, cycle_id)
-        summaries.append(summarize(rows, contaminated, cfg, policy.version, cycle_id))
+            verdicts = score_samples(plan.to_sample, samples, cfg)
+            rows += evaluation_rows(plan.to_sample, samples, verdicts, set(plan.contaminated), version, cycle_id,
+                                    settings)
+        order = {(i.eval_set, i.item_id): k for k, i in enumerate(plan.items)}
+        rows.sort(key=lambda r: (order[(r["eval_set"], r["item_id"])], r["sample_idx"]))
+        write_evaluations(con, rows, version, cycle_id)
+        summaries.append(replace(summarize(rows, plan.contaminated, cfg, version, cycle_id),
+                                 reused=len(plan.reused)))
     return summaries
 
 
@@ -321,4 +361,4 @@ def run(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, key: StageKey) -> dict:
         Policy(str(local_model_dir(settings, con, key.production)), key.production, also_check=(key.policy,))],
         cfg, key.cycle_id)
     return {"evaluated": True, "candidate": cand.headline, "production": prod.headline,
-            "contaminated": len(cand.contaminated)}
+            "contaminated": len(cand.contaminated), "reused_items": cand.reused + prod.reused}

@@ -1,6 +1,7 @@
 """Evaluation: every item x sample scored and written, contamination excluded with evidence."""
 import json
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import duckdb
@@ -122,8 +123,10 @@ def scheduler():
 
 @pytest.fixture
 def cfg(scheduler):
+    """Samples every item: these tests evaluate the same versions in several cycles
+    (reuse has its own tests below)."""
     return EvalConfig(engine=EngineConfig(backend="transformers", n=G, max_tokens=8), k=2,
-                      heldout_fraction=0.5, scheduler_address=scheduler)
+                      heldout_fraction=0.5, scheduler_address=scheduler, reuse=False)
 
 
 def test_scores_every_item_and_excludes_the_leaked_one(lake, cfg):
@@ -228,3 +231,59 @@ def test_with_the_real_engine_on_a_tiny_model(lake, tmp_path, scheduler):
     assert summary.process["tokens_per_answer"] == pytest.approx(sum(r[1] for r in clean) / len(clean))
     assert summary.process["truncation_rate"] == pytest.approx(
         sum(r[2] == "length" for r in clean) / len(clean))
+
+
+def counting_engine(calls: list):
+    """table_engine for any number of models, recording the prompts each was asked."""
+    def each(runs, engine_cfg, domains):
+        calls.append({model_dir: [m[-1]["content"] for m in prompts] for model_dir, prompts in runs})
+        return [table_engine(model_dir, prompts, engine_cfg) for model_dir, prompts in runs]
+    return each
+
+
+def test_production_evaluated_last_cycle_is_not_sampled_again_on_the_registered_sets(lake, cfg):
+    cfg = replace(cfg, reuse=True)
+    calls = []
+    read = ("SELECT item_id, sample_idx, reward, passed, status, completion_tokens, finish_reason "
+            "FROM lake.evaluations WHERE policy_version = ? AND cycle_id = ? AND eval_set = 'arith' ORDER BY ALL")
+    registered = {i["prompt"] for i in ITEMS}
+    evaluate_policies(lake, [Policy("prod-dir", "prod-r")], cfg, "r1", generate_each=counting_engine(calls))
+    assert registered <= set(calls[0]["prod-dir"])
+
+    # next cycle: a new candidate beside the same production
+    cand, prod = evaluate_policies(lake, [Policy("cand-dir", "cand-r"), Policy("prod-dir", "prod-r")], cfg, "r2",
+                                   generate_each=counting_engine(calls))
+    assert registered <= set(calls[1]["cand-dir"])
+    assert not registered & set(calls[1].get("prod-dir", [])), "production's registered items were sampled again"
+    assert (cand.reused, prod.reused) == (0, len(ITEMS))
+    assert lake.execute(read, ["prod-r", "r2"]).fetchall() == lake.execute(read, ["prod-r", "r1"]).fetchall()
+    origins = lake.execute("SELECT eval_set = 'arith', reused_from, settings FROM lake.evaluations "
+                           "WHERE policy_version = 'prod-r' AND cycle_id = 'r2' GROUP BY ALL ORDER BY ALL").fetchall()
+    settings = lake.execute("SELECT DISTINCT settings FROM lake.evaluations WHERE cycle_id = 'r1'").fetchall()
+    assert [o[:2] for o in origins] == [(True, "r1")] and [(o[2],) for o in origins] == settings
+    assert {s["item_id"]: s["score"] for s in prod.item_scores} == {"a1": 0.75, "a2": 0.25, "a3": 1.0, "q1": 0.5}
+
+    # a third cycle reuses from the cycle that sampled, and another temperature samples again
+    evaluate_policies(lake, [Policy("prod-dir", "prod-r")], cfg, "r3", generate_each=counting_engine(calls))
+    assert len(calls) == 2, "every item reused and no fresh failure in r3: no engine call"
+    assert lake.execute("SELECT DISTINCT reused_from FROM lake.evaluations WHERE cycle_id = 'r3' "
+                        "AND eval_set = 'arith'").fetchall() == [("r1",)]
+    evaluate_policies(lake, [Policy("prod-dir", "prod-r")], replace(cfg, engine=replace(cfg.engine, temperature=0.7)),
+                      "r4", generate_each=counting_engine(calls))
+    assert registered <= set(calls[2]["prod-dir"])
+
+
+def test_reused_rows_are_checked_for_contamination_again(lake, cfg):
+    """The leak is trained on after the first evaluation: the reused item is then excluded."""
+    cfg = replace(cfg, reuse=True)
+    calls = []
+    first = evaluate_policies(lake, [Policy("m", "late-leak")], cfg, "l1", generate_each=counting_engine(calls))[0]
+    assert first.contaminated == []
+    with transaction(lake):
+        append_rows(lake, "rollouts", _rows("rollouts", [_rollout("Please help with my homework. " + LEAKED,
+                                                                  "late-leak")]))
+    again = evaluate_policies(lake, [Policy("m", "late-leak")], cfg, "l2", generate_each=counting_engine(calls))[0]
+    assert again.reused == len(ITEMS) and [c["item_id"] for c in again.contaminated] == ["a3"]
+    flags = dict(lake.execute("SELECT item_id, bool_and(contaminated) FROM lake.evaluations WHERE cycle_id = 'l2' "
+                              "AND eval_set = 'arith' GROUP BY 1").fetchall())
+    assert flags == {"a1": False, "a2": False, "a3": True, "q1": False}
