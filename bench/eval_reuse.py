@@ -17,7 +17,6 @@ on each, and the ratio sampled / reused.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sqlite3
 import sys
@@ -27,7 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from storage.config_file import load_toml  # noqa: E402
 from storage.lake import open_lake  # noqa: E402

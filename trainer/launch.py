@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+from contextlib import suppress
 from pathlib import Path
 
 from trainer.job import checkpoint_dir, latest_tag, model_dir, read_job
@@ -64,6 +65,7 @@ def start_training(job_dir: str | Path, n_procs: int = 1, device: str = "auto",
 
     job_dir = Path(job_dir).resolve()
     check_job(job_dir)
+    sweep_orphaned_buffers()
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
                TRANSFORMERS_NO_ADVISORY_WARNINGS="1", HF_HUB_OFFLINE="1")
@@ -134,6 +136,43 @@ def wait_training(proc: subprocess.Popen | ForkedJob, job_dir: str | Path, timeo
         tail = (Path(job_dir) / "train.log").read_text()[-4000:]
         raise RuntimeError(f"training job {job_dir} failed (exit {code}); log tail:\n{tail}")
     return out
+
+
+def sweep_orphaned_buffers(shm: Path = Path("/dev/shm")) -> list[Path]:
+    """Unlink the DeepSpeed all-reduce buffers of jobs that no longer run; returns them.
+
+    `release_shared_memory` frees a job's buffers when its caller waits on it. A job
+    killed together with its caller (a cycle killed mid-train, the flow's process killed
+    for memory) leaves them behind: 66 MB a rank until reboot. A buffer is named after its
+    job's master port, where rank 0 holds the process group's store open from before the
+    buffer exists until the job ends, so a buffer whose port nobody listens on is garbage.
+    (A later job that happens to reuse the port only delays the sweep.)
+    """
+    listening = listening_ports()
+    mine = sorted(shm.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
+    orphans = [path for path in mine if (port := buffer_port(path)) is not None and port not in listening]
+    for path in orphans:
+        path.unlink(missing_ok=True)
+    return orphans
+
+
+def buffer_port(path: Path) -> int | None:
+    """The master port in a buffer's name, deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>
+    (DeepSpeed's csrc/cpu/comm/shm.cpp); None for a name not of that form."""
+    _, port, rank = path.name.rsplit("_", 2)
+    return int(port) if port.isdigit() and rank.isdigit() else None
+
+
+def listening_ports() -> set[int]:
+    """TCP ports with a listening socket in this network namespace (/proc/net/tcp, tcp6)."""
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(FileNotFoundError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def release_shared_memory(proc: subprocess.Popen | ForkedJob) -> None:

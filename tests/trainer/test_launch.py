@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from safetensors.torch import load_file
 
 from trainer.grpo import GRPOConfig, step_pieces
 from trainer.job import CheckpointError, TrainJob, read_metrics, write_job
-from trainer.launch import release_shared_memory, start_training, wait_training
+from trainer.launch import buffer_port, start_training, sweep_orphaned_buffers, wait_training
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 
 
@@ -38,6 +39,29 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, tiny_model, random_rollou
         start_training(dangling)
 
 
+def test_the_sweep_spares_buffers_of_a_listening_port_and_names_it_cannot_read(tmp_path):
+    with socket.socket() as live:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        live_port = live.getsockname()[1]
+        with socket.socket() as gone:  # a port bound once, no longer in use
+            gone.bind(("127.0.0.1", 0))
+            dead_port = gone.getsockname()[1]
+        uid = os.getuid()
+        names = {"live": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{live_port}_0",
+                 "dead0": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{dead_port}_0",
+                 "dead1": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{dead_port}_1",
+                 "other user": f"deepspeed_allreduce_buffer_{uid + 1}_127.0.0.1_{dead_port}_0",
+                 "unreadable": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_port_0"}
+        for name in names.values():
+            (tmp_path / name).write_bytes(b"x")
+        swept = sweep_orphaned_buffers(tmp_path)
+        assert sorted(p.name for p in swept) == sorted([names["dead0"], names["dead1"]])
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [names["live"], names["other user"], names["unreadable"]])
+    assert [p.name for p in sweep_orphaned_buffers(tmp_path)] == [names["live"]]  # its port closed
+
+
 @pytest.mark.slow
 def test_two_process_run_killed_and_resumed_matches_uninterrupted(tmp_path, tiny_model, random_rollouts):
     # 8 steps x 4 of ~14 kept groups: allow the passes that takes (the default caps at 2)
@@ -54,7 +78,13 @@ def test_two_process_run_killed_and_resumed_matches_uninterrupted(tmp_path, tiny
         time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)  # launcher and both ranks, mid-run
     proc.wait()
-    release_shared_memory(proc)
+    # nobody released the killed job's buffers: the next job's start sweeps them
+    killed_port = int(proc.args[proc.args.index("--master_port") + 1])
+    swept: list[Path] = []
+    while len([f for f in swept if buffer_port(f) == killed_port]) < 2:  # one a rank
+        assert time.monotonic() < deadline, f"the killed job's buffers were not swept: {swept}"
+        swept += sweep_orphaned_buffers()
+        time.sleep(0.2)
     assert not (killed / "model").exists()
     done_before_kill = max(m["step"] for m in read_metrics(killed))
     assert done_before_kill < cfg.steps
