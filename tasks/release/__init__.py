@@ -8,9 +8,9 @@ Reads: `models`, `eval_items` (newest version of every set), `tasks` (the held-o
                with the verifiers; items that a training task of the candidate's
                lineage copies are scored but kept out of every headline number
                (tasks.curate.decontaminate), infrastructure failures out of n;
-               pass@k by the unbiased estimator (`passk`). Production's rows on the
-               registered sets are reused from its evaluation in an earlier cycle under
-               the same settings rather than sampled again (`reuse`).
+               pass@k by the unbiased estimator (`passk`). Optionally, production's
+               rows on the registered sets are copied from its evaluation in an earlier
+               cycle under the same settings rather than sampled again (`reuse`).
 2. `gate`      the pure decision (`gate.decide`): a paired bootstrap over items; promote
                only when the interval's lower bound clears `min_gain` and no domain
                visibly regresses. The decision and its reason are a `gate_decisions` row.

@@ -20,10 +20,12 @@ model (docs/architecture.md, "Verifiers") and are left out of n; an item with no
 pass@1 and pass@k use the unbiased estimator (`tasks.release.passk`), per set and per domain.
 
 Rows go to `evaluations`, one per item x sample, replacing any rows this
-(policy_version, cycle_id) wrote before, in one commit. A registered item this policy
-was already evaluated on under the same settings is not sampled again: its rows are
-copied from that evaluation (`tasks.release.reuse`; `reuse = false` samples everything). The generation engine is a
-parameter (`generate_each=`, same signature as `trainer.engine.generate_each`).
+(policy_version, cycle_id) wrote before, in one commit. With `reuse = true` (off by
+default: it makes the gate more conservative, see `tasks.release.reuse`), a registered
+item this policy was already evaluated on under the same settings is not sampled again:
+its rows are copied from that evaluation.
+The generation engine is a parameter (`generate_each=`, same signature as
+`trainer.engine.generate_each`).
 Not here: the comparison of two policies (`tasks.release.gate`).
 """
 from __future__ import annotations
@@ -69,7 +71,8 @@ class EvalConfig:
     verifiers / fanout / scheduler_address: how verification runs (tasks.round.scoring.score_rows).
     resamples / confidence / seed: the bootstrap interval of the headline pass@1.
     reuse: take a registered item's rows from this policy's earlier evaluation under the
-        same settings instead of sampling it again (tasks.release.reuse).
+        same settings instead of sampling it again (tasks.release.reuse): about half the
+        sampling of an evaluation, for a more conservative gate; off by default.
     """
 
     engine: engine.EngineConfig = field(default_factory=lambda: engine.EngineConfig(n=8, max_tokens=32))
@@ -83,7 +86,7 @@ class EvalConfig:
     resamples: int = 2000
     confidence: float = 0.95
     seed: int = 0
-    reuse: bool = True
+    reuse: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.reuse, bool):
@@ -282,7 +285,7 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class EvalPlan:
     """One policy's evaluation before sampling: the items that fit its context, the rows
     reused for some of them, the rest to sample, and the contaminated items."""
 
@@ -294,7 +297,7 @@ class _Plan:
 
 
 def plan_policy(con: duckdb.DuckDBPyConnection, policy: Policy, items: list[Item], cfg: EvalConfig,
-                settings: str, cycle_id: str, measure_fit: bool) -> _Plan:
+                settings: str, cycle_id: str, measure_fit: bool) -> EvalPlan:
     mine = items
     if items and measure_fit:  # longer than the model's context: unscorable
         fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine,
@@ -302,11 +305,11 @@ def plan_policy(con: duckdb.DuckDBPyConnection, policy: Policy, items: list[Item
         mine = [item for item, ok in zip(items, fits, strict=True) if ok]
     reused = reuse.earlier_rows(con, policy.version, mine, settings, cfg.engine.n, cycle_id) if cfg.reuse else {}
     train = training_tasks(con, policy.version, *policy.also_check)
-    return _Plan(policy, mine, reused, [i for i in mine if (i.eval_set, i.item_id) not in reused],
+    return EvalPlan(policy, mine, reused, [i for i in mine if (i.eval_set, i.item_id) not in reused],
                  find_contaminated(mine, train, cfg.decontam))
 
 
-def reused_rows(plan: _Plan, cycle_id: str) -> list[dict]:
+def reused_rows(plan: EvalPlan, cycle_id: str) -> list[dict]:
     """The plan's reused rows as this cycle's, with this cycle's contamination check."""
     return [{**row, "cycle_id": cycle_id, "contaminated": key in plan.contaminated}
             for key, rows in plan.reused.items() for row in rows]

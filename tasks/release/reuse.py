@@ -3,9 +3,21 @@
 Every cycle evaluates production beside the candidate. Production is the model the
 cycle before evaluated (as its production, or as the candidate it then promoted), on
 the same versions of the registered sets. Its samples and verdicts on those items are
-a function of its weights (`policy_version` is their content hash), the item, and the
-evaluation's settings, so they are taken from that evaluation rather than drawn again:
-about half the sampling of every evaluate stage after the first.
+draws from a distribution fixed by its weights (`policy_version` is their content hash),
+the item and the evaluation's settings, so with `[cycle.evaluate] reuse = true` they are
+taken from that evaluation rather than drawn again: about half the sampling of every
+evaluate stage after the first (`bench/eval_reuse.py`: 1.72x on the tiny demo's).
+
+Off by default, because the gate then judges against a draw that has survived a
+decision. A promoted candidate was promoted partly because its draw came out high (the
+winner's curse), and a production model that fended off a candidate did so partly
+because its draw did; a fresh draw regresses to the mean, a reused one does not. So
+reuse makes the gate more conservative, never more permissive, by the bias of the
+reused draw. In a normal model of the tiny demo's gate (each model's pass@1 off by
+sigma = 0.0076, the paired interval +/-0.021), a candidate promoted at a true gain of
++0.04 (promoted 96% of the time) carries +0.0005 into the next cycle's baseline; at a
+true gain of +0.021 (promoted half the time), +0.0043, 0.57 sigma. Turn it on where
+evaluation costs more than an occasional missed marginal promotion.
 
 What counts as the same settings (`settings_key`): everything that changes a sample or
 its verdict: the engine's sampling (backend, G, token budgets, temperature, seed,

@@ -123,10 +123,8 @@ def scheduler():
 
 @pytest.fixture
 def cfg(scheduler):
-    """Samples every item: these tests evaluate the same versions in several cycles
-    (reuse has its own tests below)."""
     return EvalConfig(engine=EngineConfig(backend="transformers", n=G, max_tokens=8), k=2,
-                      heldout_fraction=0.5, scheduler_address=scheduler, reuse=False)
+                      heldout_fraction=0.5, scheduler_address=scheduler)
 
 
 def test_scores_every_item_and_excludes_the_leaked_one(lake, cfg):
