@@ -146,11 +146,14 @@ def sweep_orphaned_buffers(shm: Path = Path("/dev/shm")) -> list[Path]:
     for memory) leaves them behind: 66 MB a rank until reboot. A buffer is named after its
     job's master port, where rank 0 holds the process group's store open from before the
     buffer exists until the job ends, so a buffer whose port nobody listens on is garbage.
-    (A later job that happens to reuse the port only delays the sweep.)
+    (A later job that happens to reuse the port only delays the sweep.) Only this uid's
+    buffers of jobs whose store is on 127.0.0.1 are judged: another machine's store
+    listens elsewhere.
     """
     listening = listening_ports()
-    mine = sorted(shm.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
-    orphans = [path for path in mine if (port := buffer_port(path)) is not None and port not in listening]
+    # our uid's, of jobs whose store is on this machine (the jobs start_training starts)
+    local = sorted(shm.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_*"))
+    orphans = [path for path in local if (port := buffer_port(path)) is not None and port not in listening]
     for path in orphans:
         path.unlink(missing_ok=True)
     return orphans

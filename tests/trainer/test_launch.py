@@ -39,7 +39,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, tiny_model, random_rollou
         start_training(dangling)
 
 
-def test_the_sweep_spares_buffers_of_a_listening_port_and_names_it_cannot_read(tmp_path):
+def test_the_sweep_spares_buffers_of_a_listening_port_and_any_not_of_a_local_job(tmp_path):
     with socket.socket() as live:
         live.bind(("127.0.0.1", 0))
         live.listen()
@@ -52,13 +52,14 @@ def test_the_sweep_spares_buffers_of_a_listening_port_and_names_it_cannot_read(t
                  "dead0": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{dead_port}_0",
                  "dead1": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_{dead_port}_1",
                  "other user": f"deepspeed_allreduce_buffer_{uid + 1}_127.0.0.1_{dead_port}_0",
+                 "other host's store": f"deepspeed_allreduce_buffer_{uid}_10.0.0.5_{dead_port}_0",
                  "unreadable": f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_port_0"}
         for name in names.values():
             (tmp_path / name).write_bytes(b"x")
         swept = sweep_orphaned_buffers(tmp_path)
         assert sorted(p.name for p in swept) == sorted([names["dead0"], names["dead1"]])
         assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-            [names["live"], names["other user"], names["unreadable"]])
+            [names["live"], names["other user"], names["other host's store"], names["unreadable"]])
     assert [p.name for p in sweep_orphaned_buffers(tmp_path)] == [names["live"]]  # its port closed
 
 
