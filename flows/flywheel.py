@@ -30,9 +30,12 @@ from trainer.warm_engine import shared_engine
 def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
     # One vLLM engine for the rounds and the evaluation: each policy's weights are loaded
     # into it in place (trainer/warm_engine.py); closed when the cycle ends, failed or not.
-    with shared_engine():
+    with shared_engine() as engine:
         cycle_id = params.cycle_id or f"cycle-{flow_run.get_id() or 'local'}"
         run = params.overrides()
+        sampling = cycle_config(run).rollout.engine
+        if sampling.backend == "vllm" and sampling.warm:
+            engine.start()  # its worker imports vLLM while ingest and curate run
         production = begin_task(cycle_id)
         stage_task("ingest", StageKey(cycle_id, landing=tuple(params.landing)), run)
         stage_task("curate", StageKey(cycle_id), run)
