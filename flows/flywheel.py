@@ -33,14 +33,14 @@ def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
     with shared_engine() as engine:
         cycle_id = params.cycle_id or f"cycle-{flow_run.get_id() or 'local'}"
         run = params.overrides()
-        sampling = cycle_config(run).rollout.engine
-        if sampling.backend == "vllm" and sampling.warm:
-            engine.start()  # its worker imports vLLM while ingest and curate run
         production = begin_task(cycle_id)
+        # read after the cycle's row exists: a bad override fails a recorded cycle
+        cfg = cycle_config(run)
+        if cfg.rollout.engine.backend == "vllm" and cfg.rollout.engine.warm:
+            engine.start()  # its worker imports vLLM while ingest and curate run
         stage_task("ingest", StageKey(cycle_id, landing=tuple(params.landing)), run)
         stage_task("curate", StageKey(cycle_id), run)
-        staleness = cycle_config(run).rollout.max_staleness
-        policy = train_rounds(cycle_id, production, params.rounds, staleness, run)
+        policy = train_rounds(cycle_id, production, params.rounds, cfg.rollout.max_staleness, run)
         release = StageKey(cycle_id, policy=policy, production=production)
         stage_task("evaluate", release, run)
         stage_task("gate", release, run)
