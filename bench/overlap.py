@@ -187,8 +187,8 @@ def main() -> None:
     sync = arms["synchronous (k=0)"]
     for key, name in (("rounds_s", "rounds, s"), ("cycle_s", "whole cycle, s")):
         print(f"{name:24}" + "".join(f"{arm[key]:>13.1f} ({arm[key] / sync[key]:.2f}x)" for arm in arms.values()))
-    # Overlap hides rounds 2..R's sampling under the training before them, no more: with
-    # sampling a third of a round, 3 rounds cannot reach 1.3x even on idle cores.
+    # Overlap hides rounds 2..R's sampling under the training before them, no more: the
+    # ceiling says what that is worth at this run's stage shares, on idle cores.
     stages = sync["stages"]
     ideal, total = overlap_ceiling(stages), sum(a + t for a, t in stages)
     print(f"{'ceiling at k=1':24}{ideal:>13.1f} ({total / ideal:.2f}x faster than the synchronous arm's stages, "
