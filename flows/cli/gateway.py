@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli.http_server import KEEP_ALIVE_S
 from storage.config_file import ConfigError, lake_settings, load_section
 
 
@@ -36,4 +37,4 @@ def gateway_command(
         raise typer.Exit(2) from None
     # graceful stop (SIGTERM, Ctrl-C) runs the app's shutdown: the spool is shipped before exit
     uvicorn.run(app, host=cfg.host, port=cfg.port, access_log=access_log, log_level="info",
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=30, timeout_keep_alive=KEEP_ALIVE_S)

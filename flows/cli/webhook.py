@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli.http_server import KEEP_ALIVE_S
 from storage.config_file import ConfigError, lake_settings, load_section
 
 
@@ -31,4 +32,5 @@ def webhook_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    uvicorn.run(create_app(cfg, settings), host=host, port=port, access_log=access_log, log_level="info")
+    uvicorn.run(create_app(cfg, settings), host=host, port=port, access_log=access_log, log_level="info",
+                timeout_keep_alive=KEEP_ALIVE_S)

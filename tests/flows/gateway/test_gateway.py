@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from tests.flows.gateway.conftest import ADMIN_KEY, KEY, shipped_records, start_gateway
+from tests.flows.keep_alive import answers_after_idle
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -18,6 +19,11 @@ def gateway(tmp_path, upstreams):
     running = start_gateway(tmp_path / "home", upstreams["v-a"].url)
     yield running
     running.stop()
+
+
+def test_an_idle_connection_outlives_pooled_clients_expiry(gateway):
+    """Longer idle than uvicorn's default keep-alive (5 s), as the openai SDK's pool allows."""
+    assert answers_after_idle(gateway.url, "/health", idle_s=6)
 
 
 def test_calls_streamed_or_not_are_answered_logged_and_shipped_on_a_graceful_stop(gateway):

@@ -17,6 +17,7 @@ import pytest
 
 from flows.webhook.signatures import sign
 from tests import services
+from tests.flows.keep_alive import answers_after_idle
 from tests.flows.prefect_stack import count_runs, read_runs, register_in_process, start_webhook
 
 OLD, NEW = "old-secret-0123456789abcdef", "new-secret-0123456789abcdef"
@@ -120,6 +121,11 @@ def test_a_thousand_concurrent_replays_create_exactly_one_run(prefect_server, ho
     assert {status for status, _ in answers} == {202}
     assert len({run_id for _, run_id in answers}) == 1
     assert count_runs(prefect_server) == before + 1
+
+
+def test_an_idle_connection_outlives_pooled_clients_expiry(hook):
+    """Longer idle than uvicorn's default keep-alive (5 s): still answered, not reset."""
+    assert answers_after_idle(hook["url"], "/healthz", idle_s=6)
 
 
 def test_a_key_reused_with_another_body_is_refused(prefect_server, hook):
