@@ -35,9 +35,9 @@ def test_takes_last_outermost_object_with_braces_in_strings():
 
 def test_no_object_is_a_format_error_and_huge_inputs_are_bounded():
     assert json_schema.verify(SPEC, "no json here [1, 2]").status == "format_error"
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time (0.12 s here): a busy machine must not fail it
     verdict = json_schema.verify(SPEC, "{" * 1_000_000)
-    assert verdict.status == "format_error" and time.perf_counter() - started < 2.0
+    assert verdict.status == "format_error" and time.process_time() - started < 2.0
 
 
 def test_invalid_schema_is_reported_as_invalid_spec():
