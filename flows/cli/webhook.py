@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.http_server import KEEP_ALIVE_S
+from flows.http_server import KEEP_ALIVE_S
 from storage.config_file import ConfigError, lake_settings, load_section
 
 

@@ -36,6 +36,7 @@ from flows.gateway.replicas import forwarded, pass_feedback_on
 from flows.gateway.shipping import Shipper, ShippingConfig
 from flows.gateway.spool import Spool, UnknownCall
 from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, probe
+from flows.http_server import CLIENT_IDLE_S
 from storage.settings import LakeSettings
 from tasks.ingest.gateway_records import feedback_problem
 
@@ -72,7 +73,8 @@ class Gateway:
             log.handlers, log.propagate = list(logging.getLogger("uvicorn").handlers), False
             log.setLevel(logging.INFO)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.upstream_timeout_s, connect=10.0),
-                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                                        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64,
+                                                            keepalive_expiry=CLIENT_IDLE_S))
         self.spool = Spool(spool_folder(self.cfg, self.settings))
         self.shipper = Shipper(self.spool, self.settings,
                                ShippingConfig(max_bytes=self.cfg.ship_max_bytes, max_age_s=self.cfg.ship_max_age_s,

@@ -25,6 +25,7 @@ import httpx
 import torch
 
 from flows.gateway.vllm_reload import PLUGIN_NAME, ROUTE, TOKEN_ENV, WORKER_EXTENSION
+from flows.http_server import KEEP_ALIVE_S
 from trainer.model_facts import read_facts
 from trainer.vllm_worker import architecture
 
@@ -70,6 +71,7 @@ class ServedModel:
         env = dict(os.environ, VLLM_CONFIGURE_LOGGING="1", TOKENIZERS_PARALLELISM="false")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one process less to start on 2 cores
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(KEEP_ALIVE_S))  # flows/http_server.py says why
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                    "--served-model-name", version, "--host", "127.0.0.1", "--port", str(port),
                    "--max-model-len", str(context), "--dtype", dtype]  # request logging is off by default

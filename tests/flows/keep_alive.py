@@ -1,7 +1,7 @@
 """Does a server answer a second request on a connection left idle for a while?
 
 Pooled clients (httpx, the openai SDK, proxies) reuse idle connections; a server that has
-closed one meanwhile resets the next request (flows/cli/http_server.py says why it matters).
+closed one meanwhile resets the next request (flows/http_server.py says why it matters).
 A raw socket makes the reuse certain: no pool can quietly open a new connection.
 """
 from __future__ import annotations

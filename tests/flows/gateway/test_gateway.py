@@ -21,9 +21,11 @@ def gateway(tmp_path, upstreams):
     running.stop()
 
 
-def test_an_idle_connection_outlives_pooled_clients_expiry(gateway):
-    """Longer idle than uvicorn's default keep-alive (5 s), as the openai SDK's pool allows."""
+def test_an_idle_connection_outlives_pooled_clients_expiry(gateway, upstreams):
+    """Longer idle than uvicorn's default keep-alive (5 s), as the openai SDK's pool allows:
+    at the gateway and at a `vllm serve` it starts (ServedModel, as managed mode does)."""
     assert answers_after_idle(gateway.url, "/health", idle_s=6)
+    assert answers_after_idle(upstreams["v-b"].url, "/health", idle_s=6)
 
 
 def test_calls_streamed_or_not_are_answered_logged_and_shipped_on_a_graceful_stop(gateway):
