@@ -29,9 +29,24 @@ def _fresh_pool():
 def _zygotes() -> list[psutil.Process]:
     """The innermost python of each sandbox worker (the one that forks the runs); other
     python children of the test process (e.g. math-verify helpers) are not zygotes."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.name().startswith("python") and not p.children()
-            and any(a.name() == "bwrap" for a in p.parents())]
+    def is_zygote(p: psutil.Process) -> bool:
+        try:
+            return (p.name().startswith("python") and not p.children()
+                    and any(a.name() == "bwrap" for a in p.parents()))
+        except psutil.NoSuchProcess:  # gone while we looked (ZombieProcess is one): no worker
+            return False
+    return [p for p in psutil.Process().children(recursive=True) if is_zygote(p)]
+
+
+def _bwrap_children() -> list[psutil.Process]:
+    """The test process's sandbox workers. Other children of this long-lived process (any
+    earlier test's) may have exited and not been reaped yet: a zombie has no command line."""
+    def is_bwrap(p: psutil.Process) -> bool:
+        try:
+            return "bwrap" in " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            return False
+    return [p for p in psutil.Process().children() if is_bwrap(p)]
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +64,7 @@ def test_concurrent_callers_from_threads_get_their_own_results():
 
 def test_workers_run_inside_their_own_pids_cgroup():
     run_python("pass", config=FAST)
-    workers = [p for p in psutil.Process().children() if "bwrap" in " ".join(p.cmdline())]
+    workers = _bwrap_children()
     assert workers
     for proc in workers:
         for member in [proc] + proc.children(recursive=True):
