@@ -26,27 +26,28 @@ def _fresh_pool():
     sandbox.shutdown()
 
 
+def _children(recursive: bool, keep) -> list[psutil.Process]:
+    """The test process's children for which keep(p) holds. Children of earlier tests in
+    this long-lived process may exit while we look, or be zombies not yet reaped (no
+    command line, no parents): they are left out."""
+    def kept(p: psutil.Process) -> bool:
+        try:
+            return keep(p)
+        except psutil.NoSuchProcess:  # ZombieProcess is one
+            return False
+    return [p for p in psutil.Process().children(recursive=recursive) if kept(p)]
+
+
 def _zygotes() -> list[psutil.Process]:
     """The innermost python of each sandbox worker (the one that forks the runs); other
     python children of the test process (e.g. math-verify helpers) are not zygotes."""
-    def is_zygote(p: psutil.Process) -> bool:
-        try:
-            return (p.name().startswith("python") and not p.children()
-                    and any(a.name() == "bwrap" for a in p.parents()))
-        except psutil.NoSuchProcess:  # gone while we looked (ZombieProcess is one): no worker
-            return False
-    return [p for p in psutil.Process().children(recursive=True) if is_zygote(p)]
+    return _children(True, lambda p: p.name().startswith("python") and not p.children()
+                     and any(a.name() == "bwrap" for a in p.parents()))
 
 
 def _bwrap_children() -> list[psutil.Process]:
-    """The test process's sandbox workers. Other children of this long-lived process (any
-    earlier test's) may have exited and not been reaped yet: a zombie has no command line."""
-    def is_bwrap(p: psutil.Process) -> bool:
-        try:
-            return "bwrap" in " ".join(p.cmdline())
-        except psutil.NoSuchProcess:
-            return False
-    return [p for p in psutil.Process().children() if is_bwrap(p)]
+    """The test process's sandbox workers."""
+    return _children(False, lambda p: "bwrap" in " ".join(p.cmdline()))
 
 
 @pytest.fixture(autouse=True)
