@@ -25,6 +25,22 @@ def _close_warm_dask_cluster():
         scoring.close_local_cluster()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_prefect_temporary_server():
+    """Flows run without a server start Prefect's temporary one, which stops itself at
+    exit and logs that to a stream pytest has closed by then (a "--- Logging error ---"
+    traceback after the summary). Stop it here, while the streams are open, once the
+    logs still queued for it are sent (else they fail to reach a stopped server)."""
+    yield
+    server = sys.modules.get("prefect.server.api.server")  # not imported: nothing started
+    if server is not None:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=10)
+        for instance in list(server.SubprocessASGIServer._instances.values()):
+            instance.stop()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     proc, server = services.start_s3(tmp_path_factory.mktemp("s3"))
