@@ -88,6 +88,14 @@ def test_the_stack_has_every_service_the_issue_asks_for():
     assert "arn:minio:sqs::flywheel:webhook --event put --prefix landing/" in init
 
 
+def test_the_fixed_vllm_server_keeps_idle_connections_as_long_as_flywheels_servers():
+    # vLLM's default (5 s) is uvicorn's: a request sent on an idle connection just as the
+    # server closes it is reset (flows/http_server.py)
+    from flows.http_server import KEEP_ALIVE_S
+
+    assert SERVICES["vllm"]["environment"]["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == str(KEEP_ALIVE_S)
+
+
 def test_the_workers_track_to_the_mlflow_service():
     # the flows (cycle, evaluate) run in the worker pools: their report tasks write the runs
     argv = SERVICES["mlflow"]["command"]
