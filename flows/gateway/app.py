@@ -209,31 +209,49 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
-        body = await gateway.read_json(request)
-        if isinstance(body, JSONResponse):
-            return body
-        if refused := gateway.refuse(request) or gateway.throttle(request):
-            return refused
-        problem = feedback_problem(body)
-        if problem:
-            return error(422, problem)
-        owner = calls.replica_of(body["id"])
-        if owner and owner != cfg.replica and not forwarded(request):
-            if owner not in cfg.peer_urls:
-                return error(404, f"completion {body['id']!r} was logged by replica {owner!r}, which this gateway "
-                                  "has no address for (FLYWHEEL_GATEWAY_PEERS)", code="unknown_completion")
-            return await pass_feedback_on(gateway.client, owner, cfg.peer_urls[owner], body, request, cfg.replica)
-        record = {"type": "feedback", "id": body["id"], "ts": calls.utc_now(), "label": body.get("label"),
-                  "score": body.get("score"), "correction": body.get("correction"), "comment": body.get("comment")}
-        try:
-            stored, created = await gateway.spool.append_feedback(record)
-        except UnknownCall:
-            return error(404, f"no call with completion id {body['id']!r} was logged by this gateway",
-                         code="unknown_completion")
-        if not created and _content(stored) != _content(record):
-            return error(409, f"feedback for {body['id']!r} was already recorded (at {stored['ts']}) with "
-                              "other content; the first feedback for a completion is kept", code="conflict")
-        return {"id": body["id"], "recorded": created}
+        return await record_feedback(gateway, request)
+
+    add_admin_routes(app, gateway)
+    return app
+
+
+def _content(record: dict) -> tuple:
+    return tuple(record.get(k) for k in ("label", "score", "correction", "comment"))
+
+
+async def record_feedback(gateway: Gateway, request: Request) -> dict | JSONResponse:
+    """`POST /v1/feedback`: checked, passed on to the replica that logged the call, or
+    spooled here (idempotent per completion id)."""
+    cfg = gateway.cfg
+    body = await gateway.read_json(request)
+    if isinstance(body, JSONResponse):
+        return body
+    if refused := gateway.refuse(request) or gateway.throttle(request):
+        return refused
+    problem = feedback_problem(body)
+    if problem:
+        return error(422, problem)
+    owner = calls.replica_of(body["id"])
+    if owner and owner != cfg.replica and not forwarded(request):
+        if owner not in cfg.peer_urls:
+            return error(404, f"completion {body['id']!r} was logged by replica {owner!r}, which this gateway "
+                              "has no address for (FLYWHEEL_GATEWAY_PEERS)", code="unknown_completion")
+        return await pass_feedback_on(gateway.client, owner, cfg.peer_urls[owner], body, request, cfg.replica)
+    record = {"type": "feedback", "id": body["id"], "ts": calls.utc_now(), "label": body.get("label"),
+              "score": body.get("score"), "correction": body.get("correction"), "comment": body.get("comment")}
+    try:
+        stored, created = await gateway.spool.append_feedback(record)
+    except UnknownCall:
+        return error(404, f"no call with completion id {body['id']!r} was logged by this gateway",
+                     code="unknown_completion")
+    if not created and _content(stored) != _content(record):
+        return error(409, f"feedback for {body['id']!r} was already recorded (at {stored['ts']}) with "
+                          "other content; the first feedback for a completion is kept", code="conflict")
+    return {"id": body["id"], "recorded": created}
+
+
+def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
+    """The routes that change what serves or ship the spool now: admin keys only."""
 
     @app.post("/admin/upstream")
     async def admin_upstream(request: Request):
@@ -248,9 +266,9 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
         try:
             upstream = await gateway.external(body["url"], body.get("version") or "")
             if share:
-                await gateway.pool.set_canary(upstream, float(share), gateway.client, cfg.drain_s)
+                await gateway.pool.set_canary(upstream, float(share), gateway.client, gateway.cfg.drain_s)
             else:
-                await gateway.pool.switch(upstream, gateway.client, cfg.drain_s)
+                await gateway.pool.switch(upstream, gateway.client, gateway.cfg.drain_s)
         except (UpstreamError, TypeError, ValueError) as exc:
             return error(422, str(exc))
         return gateway.pool.versions()
@@ -266,11 +284,5 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
     async def admin_canary(request: Request):
         if refused := gateway.refuse(request, admin=True):
             return refused
-        await gateway.pool.set_canary(None, 0, gateway.client, cfg.drain_s)
+        await gateway.pool.set_canary(None, 0, gateway.client, gateway.cfg.drain_s)
         return gateway.pool.versions()
-
-    return app
-
-
-def _content(record: dict) -> tuple:
-    return tuple(record.get(k) for k in ("label", "score", "correction", "comment"))
