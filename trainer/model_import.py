@@ -81,14 +81,23 @@ def convert(source: Path, out_dir: Path, dtype: str) -> None:
 
     gguf = {"gguf_file": source.name} if source.is_file() else {}
     folder = str(source.parent if source.is_file() else source)
-    tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
-                           "so bring an instruct (chat) model or add a chat_template to tokenizer_config.json")
-    if gguf or not _plain_copy_possible(source, dtype):
-        _save_plain(folder, gguf, dtype, out_dir)
-    else:
-        shutil.copytree(source, out_dir)
+    # transformers says what is wrong with a file it cannot read (no weights, no tokenizer
+    # files, bad JSON, not GGUF, an unsupported architecture) as ValueError or OSError:
+    # the user's input, so its message, not a traceback
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
+                                   "so bring an instruct (chat) model or add a chat_template to "
+                                   "tokenizer_config.json")
+        if gguf or not _plain_copy_possible(source, dtype):
+            _save_plain(folder, gguf, dtype, out_dir)
+        else:
+            shutil.copytree(source, out_dir)
+    except ModelImportError:
+        raise
+    except (ValueError, OSError) as exc:
+        raise ModelImportError(f"{source}: transformers cannot load it as a model: {exc}") from exc
     tokenizer.save_pretrained(str(out_dir))
     _write_generation_config(out_dir, tokenizer)
 

@@ -61,3 +61,33 @@ def test_a_bad_dtype_is_a_clear_error(lake_settings, monkeypatch, tiny, tmp_path
     copy = shutil.copytree(tiny, tmp_path / "copy")
     result = CliRunner().invoke(app, ["model", "import", str(copy), "--dtype", "int4"])
     assert result.exit_code == 1 and "dtype must be one of" in result.output
+
+
+def _without_weights(tiny, tmp_path):
+    for weights in tiny.glob("*.safetensors"):
+        weights.unlink()
+    return tiny
+
+
+def _config_not_json(tiny, tmp_path):
+    (tiny / "config.json").write_text("{not json")
+    return tiny
+
+
+def _junk_gguf(tiny, tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"\x00" * 4096)
+    return path
+
+
+@pytest.mark.parametrize("break_source", [_without_weights, _config_not_json, _junk_gguf])
+def test_a_source_transformers_cannot_load_is_a_clear_error_that_changes_nothing(
+        lake_settings, monkeypatch, tiny, tmp_path, break_source):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
+    result = CliRunner().invoke(app, ["model", "import", str(break_source(tiny, tmp_path))])
+    assert result.exit_code == 1, result.output
+    assert "cannot load it as a model" in " ".join(result.output.split()) and "Traceback" not in result.output
+    con = open_lake(lake_settings)
+    assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 0
+    assert not list((lake_settings.home / "models").glob(".import-*"))
+
