@@ -40,6 +40,9 @@ def open_lake(
     snapshot: read the lake as of that DuckLake snapshot (implies read_only).
     """
     read_only = read_only or snapshot is not None
+    if read_only and not settings.catalog_dsn and not (settings.home / "catalog.sqlite").exists():
+        raise LakeError(f"no lake at {settings.home} yet (FLYWHEEL_HOME): the first write creates it "
+                        "(`flywheel ingest`, `flywheel model import`, `flywheel demo`)")
     settings.home.mkdir(parents=True, exist_ok=True)
     # Spills go under the lake's home: DuckDB's default (./.tmp) would land in whatever
     # folder the command ran from.

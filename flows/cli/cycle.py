@@ -28,6 +28,9 @@ def cycle_command(
     except ConfigError as exc:
         Console().print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+    if cycle_id is None and (problem := _no_starting_model()):  # a resumed cycle knows its model
+        Console().print(f"[red]error:[/red] {problem}")
+        raise typer.Exit(1)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.flywheel import CycleParams, flywheel_cycle
 
@@ -37,6 +40,26 @@ def cycle_command(
     Console().print(summary)
 
 
+def _no_starting_model() -> str | None:
+    """Why a new cycle could not start (no lake, no production model), else None: said
+    before Prefect starts, not as a failed flow run's traceback."""
+    from storage.config_file import lake_settings
+    from storage.lake import LakeError, open_lake
+    from tasks.release.models import ModelNotFound, production_version
+
+    try:
+        con = open_lake(lake_settings(), read_only=True)
+    except LakeError as exc:
+        return str(exc)
+    try:
+        production_version(con)
+    except ModelNotFound as exc:
+        return str(exc)
+    finally:
+        con.close()
+    return None
+
+
 def model_register_command(
     model_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="A Hugging Face model folder.")],
     reason: Annotated[str, typer.Option(help="Recorded in models.reason.")] = "registered by hand",
@@ -44,9 +67,15 @@ def model_register_command(
     """Record a model folder as the production model the next cycle starts from."""
     from storage.config_file import lake_settings
     from storage.lake import open_lake
-    from tasks.release.models import register_model
+    from tasks.release.models import ModelFolderError, register_model
 
     settings = lake_settings()
     con = open_lake(settings)
-    version = register_model(con, settings, model_dir, reason)
+    try:
+        version = register_model(con, settings, model_dir, reason)
+    except ModelFolderError as exc:
+        Console().print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        con.close()
     Console().print(f"production model: {version}")

@@ -26,6 +26,10 @@ class ModelNotFound(LookupError):
     """No model with that version (or no production model) in the lake."""
 
 
+class ModelFolderError(ValueError):
+    """A folder that is not a model flywheel can serve and train; the message says why."""
+
+
 def folder_version(model_dir: Path) -> str:
     """Content hash of a Hugging Face folder: the same weights get the same version."""
     digest = hashlib.sha256()
@@ -125,7 +129,10 @@ def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_d
     with what the model says about itself (trainer.model_facts)."""
     from trainer.model_facts import read_facts
 
-    facts = read_facts(model_dir)
+    try:
+        facts = read_facts(model_dir)
+    except (ValueError, OSError) as exc:  # transformers' word for files it cannot read
+        raise ModelFolderError(f"{model_dir} is not a model flywheel can use: {exc}") from exc
     uri = publish_model(settings, model_dir, version)
     with transaction(con, message=f"model {status} {version[:12]}"):
         if status == "production":

@@ -1,4 +1,4 @@
-"""`flywheel model list|promote` against a real lake."""
+"""`flywheel model list|promote` against a real lake; read-only commands before any lake exists."""
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -37,3 +37,15 @@ def test_list_then_promote_by_hand(tmp_path, monkeypatch):
 
     missing = runner.invoke(app, ["model", "promote", "nope"])
     assert missing.exit_code == 1 and "no model 'nope'" in missing.output
+
+
+def test_before_anything_is_written_the_commands_say_so_and_create_nothing(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    for argv in (["model", "list"], ["sql", "SELECT 1"], ["cycle"]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), result.exception
+        assert f"no lake at {home} yet" in " ".join(result.output.split()), (argv, result.output)
+    assert not home.exists()
+
