@@ -17,6 +17,7 @@ only located.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -81,23 +82,17 @@ def convert(source: Path, out_dir: Path, dtype: str) -> None:
 
     gguf = {"gguf_file": source.name} if source.is_file() else {}
     folder = str(source.parent if source.is_file() else source)
-    # transformers says what is wrong with a file it cannot read (no weights, no tokenizer
-    # files, bad JSON, not GGUF, an unsupported architecture) as ValueError or OSError:
-    # the user's input, so its message, not a traceback
-    try:
+    with _unreadable_as_import_error(source):
         tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
-        if not getattr(tokenizer, "chat_template", None):
-            raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
-                                   "so bring an instruct (chat) model or add a chat_template to "
-                                   "tokenizer_config.json")
-        if gguf or not _plain_copy_possible(source, dtype):
-            _save_plain(folder, gguf, dtype, out_dir)
-        else:
-            shutil.copytree(source, out_dir)
-    except ModelImportError:
-        raise
-    except (ValueError, OSError) as exc:
-        raise ModelImportError(f"{source}: transformers cannot load it as a model: {exc}") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
+                               "so bring an instruct (chat) model or add a chat_template to tokenizer_config.json")
+    with _unreadable_as_import_error(source):
+        plain = None if not gguf and _plain_copy_possible(source, dtype) else _load_plain(folder, gguf, dtype)
+    if plain is None:
+        shutil.copytree(source, out_dir)
+    else:
+        plain.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     _write_generation_config(out_dir, tokenizer)
 
@@ -108,7 +103,8 @@ def _plain_copy_possible(folder: Path, dtype: str) -> bool:
     return any(folder.glob("*.safetensors")) and stored == dtype and "quantization_config" not in config
 
 
-def _save_plain(folder: str, gguf: dict, dtype: str, out_dir: Path) -> None:
+def _load_plain(folder: str, gguf: dict, dtype: str):
+    """The model at `dtype` in a plain instance of its class: no `quantization_config`."""
     from transformers import AutoModelForCausalLM
 
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], **gguf)
@@ -118,7 +114,19 @@ def _save_plain(folder: str, gguf: dict, dtype: str, out_dir: Path) -> None:
     config.dtype = dtype
     plain = type(loaded)(config).to(DTYPES[dtype])
     plain.load_state_dict(loaded.state_dict())
-    plain.save_pretrained(str(out_dir))
+    return plain
+
+
+@contextlib.contextmanager
+def _unreadable_as_import_error(source: Path):
+    """transformers says what is wrong with files it cannot read (no weights, no tokenizer
+    files, bad JSON, not GGUF, an unsupported architecture) as ValueError or OSError: the
+    user's input, so its message as a ModelImportError, not a traceback. Only reads go in
+    here: a write's OSError (a full disk) is not the source's fault."""
+    try:
+        yield
+    except (ValueError, OSError) as exc:
+        raise ModelImportError(f"{source}: transformers cannot load it as a model: {exc}") from exc
 
 
 def _write_generation_config(out_dir: Path, tokenizer) -> None:

@@ -19,7 +19,7 @@ from rich.table import Table
 def demo_command(
     home: Annotated[Path, typer.Option(help="Fresh folder for the demo's lake (wiped first).")] = Path(".flywheel/demo"),
     model: Annotated[str, typer.Option(help=(
-        "tiny: the ~1M-parameter model built here (about 25 minutes on 2 cores); smollm2, a HF folder or a "
+        "tiny: the ~1M-parameter model built here (about 20 minutes on 2 cores); smollm2, a HF folder or a "
         ".gguf: a real instruct model, imported (~45 minutes for SmolLM2-135M on 2 cores)."))] = "tiny",
     cycles: Annotated[int | None, typer.Option(min=1, max=10, help="Default: 3 (tiny), 2 (real model).")] = None,
     requests: Annotated[int | None, typer.Option(min=50, help=(
