@@ -33,9 +33,9 @@ def sql_command(
     try:
         limit = max_rows if format is OutputFormat.table else None
         names, rows, total = query_rows(lake_settings(), query, snapshot=snapshot, limit=limit)
-    except ReadOnlyViolation as exc:
+    except (ReadOnlyViolation, LakeError) as exc:  # the lake's own words: no "query failed" before them
         raise _fail(str(exc)) from None
-    except (duckdb.Error, LakeError) as exc:
+    except duckdb.Error as exc:
         raise _fail(f"query failed: {exc}") from None
     if format is OutputFormat.csv:
         writer = csv.writer(sys.stdout)
