@@ -21,8 +21,8 @@ The path of one line, in order:
                quarantined as `repeated_log`, naming what it repeats.
 `progress` draws the progress bar of a large file.
 
-A file under `<landing>/gateway/` is the gateway's call log (`gateway_records` is its
-format): `gateway` writes its calls and feedback as `interactions` and `feedback` rows,
+A file under `<landing>/gateway/` (or elsewhere, when its first line is a gateway record)
+is the gateway's call log (`gateway_records` is its format): `gateway` writes its calls and feedback as `interactions` and `feedback` rows,
 and `signals` derives the failures they show without a person (a reply breaking the
 request's JSON schema, tool arguments breaking the tool's schema, negative feedback with
 a correction); those failure logs come back through `batch` like any landed file.

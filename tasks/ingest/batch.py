@@ -8,8 +8,8 @@ valid rows are staged as Parquet (tasks/ingest/chunks.py). The whole
 batch becomes visible in one DuckLake commit, so memory does not grow with the file,
 a crash leaves no partial rows, and a rerun ingests the batch exactly once. A batch
 already in `ingest_batches` is skipped and reported as such. Raw files are only
-read, never moved or deleted. A file the gateway shipped (under `<landing>/gateway/`)
-holds gateway records instead: tasks/ingest/gateway.py writes them to the lake and
+read, never moved or deleted. A file the gateway shipped (under `<landing>/gateway/`,
+or anywhere when its first line is a gateway record) holds gateway records instead: tasks/ingest/gateway.py writes them to the lake and
 hands the failure logs they signal back to `ingest_file`.
 
 This module moves bytes and rows; it decides nothing about a line's validity.
@@ -39,8 +39,8 @@ from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest.chunks import (SetAside, batch_tables, judge_chunk, judge_set_aside, stage_chunk,
                                 stage_set_aside, quarantine_lake_repeats, drop_lake_repeats)
-from tasks.ingest.gateway_records import GATEWAY_FOLDER
-from tasks.ingest.lines import read_chunks
+from tasks.ingest.gateway_records import GATEWAY_FOLDER, is_gateway_record
+from tasks.ingest.lines import first_line, read_chunks
 from tasks.ingest.progress import ingest_progress
 from tasks.ingest.scan import ScannedChunks
 from tasks.ingest.sources import find_sources, local_version, object_version, split_unchanged
@@ -125,7 +125,7 @@ def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: s
     """Ingest one file (local path or s3:// URI) as one batch: failure logs, or gateway
     records when the gateway shipped it (under `<landing>/gateway/`)."""
     with local_copy(settings, uri) as (path, version):
-        if is_gateway_source(settings, uri):
+        if is_gateway_source(settings, uri, path):
             # gateway.py builds on this module (its failure logs go through ingest_file),
             # so it is imported where it is used, not above
             from tasks.ingest.gateway import ingest_gateway_file
@@ -133,9 +133,14 @@ def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: s
         return ingest_file(con, path, uri, cfg, cycle_id, source_version=version)
 
 
-def is_gateway_source(settings: LakeSettings, uri: str) -> bool:
-    """Whether `uri` is a file the gateway shipped: under `<landing>/gateway/`."""
-    return uri.startswith(settings.landing_uri.rstrip("/") + "/" + GATEWAY_FOLDER)
+def is_gateway_source(settings: LakeSettings, uri: str, path: Path) -> bool:
+    """Whether `uri` is a file the gateway shipped: under `<landing>/gateway/`, or anywhere
+    else when its first line is a gateway record (a shipment copied out of its landing, or
+    from another deployment: read as failure logs, every line would be quarantined, and
+    its bytes' batch id would keep the file from ever being ingested as what it is)."""
+    if uri.startswith(settings.landing_uri.rstrip("/") + "/" + GATEWAY_FOLDER):
+        return True
+    return is_gateway_record(first_line(path))
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ Feedback is negative when its label is "bad" or its score is below `NEGATIVE_BEL
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 RECORD_TYPES = ("call", "feedback")
@@ -44,6 +45,17 @@ NEGATIVE_BELOW = 0.5
 CORRECTION_KINDS = ("answer", "object", "tests")
 GATEWAY_FOLDER = "gateway/"
 """Shipped files live under `<landing>/gateway/<gateway id>/`."""
+
+
+def is_gateway_record(line: bytes) -> bool:
+    """Whether a JSON line is one of the records above (a call or a feedback, with the
+    gateway and spool seq that wrote it): a failure log never has `type`, `gateway`, `seq`."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(record, dict) and record.get("type") in RECORD_TYPES
+            and isinstance(record.get("gateway"), str) and isinstance(record.get("seq"), int))
 
 
 def is_negative(feedback: dict) -> bool:

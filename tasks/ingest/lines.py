@@ -24,6 +24,22 @@ from tasks.ingest.native import _logscan
 _SPACE = np.array([0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D], dtype=np.uint8)
 
 
+def first_line(path: Path, limit: int = 8 << 20) -> bytes:
+    """The file's first non-blank line (its first `limit` bytes at most: a gateway call
+    record holds a request of up to 1 MB and its reply), gzip or plain; b"" for a file
+    with none or a gzip that does not open."""
+    with open(path, "rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
+            for line in iter(lambda: handle.readline(limit), b""):
+                if line.strip():
+                    return line
+    except (OSError, EOFError):  # a corrupt gzip: the normal ingest reports what it can read
+        return b""
+    return b""
+
+
 def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
     """(table of line_no, raw, nbytes, utf8_ok; bytes read so far) per step.
 

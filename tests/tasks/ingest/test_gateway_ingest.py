@@ -243,3 +243,18 @@ def test_a_gateway_file_on_s3_lands(s3_lake_settings, tmp_path):
     assert (result.interactions, result.feedback, result.rows_ok) == (7, 3, 3)
     assert ingest_source(con, s3_lake_settings, uri, CFG, "c2").skipped
     assert production_failure_rate(s3_lake_settings, "v1")[0]["failed"] == 3
+
+
+def test_a_shipment_outside_the_landing_is_still_read_as_gateway_records(lake_settings, tmp_path):
+    # copied out of its landing (or from another deployment) and named by hand: its first
+    # line says what it is; read as failure logs, all ten records would be quarantined
+    path = write_gateway_file(tmp_path / "copied", first_file_records())
+    elsewhere = path.rename(tmp_path / "shipment.jsonl.gz")
+    con = open_lake(lake_settings)
+    result = ingest_source(con, lake_settings, str(elsewhere), CFG, "c1")
+    assert (result.interactions, result.feedback, result.rows_ok, result.rows_quarantined) == (7, 3, 3, 0)
+    # and a failure-log file beside it still goes the normal way
+    logs = tmp_path / "failures.jsonl"
+    logs.write_text(json.dumps({"type": "call", "messages": []}) + "\n")  # `type` alone makes no record
+    as_logs = ingest_source(con, lake_settings, str(logs), CFG, "c1")
+    assert (as_logs.interactions, as_logs.rows_quarantined) == (0, 1)

@@ -60,3 +60,16 @@ def test_newlines_are_found_at_every_position():
     assert newlines(memoryview(block)[1:]).tolist() == [i - 1 for i, byte in enumerate(block) if byte == 0x0A]
     assert newlines(b"no newline").tolist() == []
     assert newlines(b"").tolist() == []
+
+
+def test_first_line_skips_blank_lines_reads_gzip_and_survives_a_broken_one(tmp_path):
+    import gzip
+
+    from tasks.ingest.lines import first_line
+
+    plain, packed, broken = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.jsonl.gz"
+    plain.write_bytes(b"\n  \n{\"a\": 1}\n{\"b\": 2}\n")
+    packed.write_bytes(gzip.compress(b"{\"c\": 3}\n"))
+    broken.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
+    assert first_line(plain) == b"{\"a\": 1}\n" and first_line(packed) == b"{\"c\": 3}\n"
+    assert first_line(broken) == b"" and first_line(tmp_path / "a.jsonl", limit=4) == b"{\"a\""
