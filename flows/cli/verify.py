@@ -79,7 +79,7 @@ def verify_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    lines = input_path.read_text(encoding="utf-8").splitlines()
+    lines = input_path.read_text(encoding="utf-8-sig").splitlines()  # a leading BOM is no part of line 1
     results = verify_lines(lines, config, dask=dask, batch_size=batch_size, workers=workers,
                            progress=dask and out is not None)
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in results)

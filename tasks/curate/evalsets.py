@@ -59,7 +59,8 @@ def _messages(prompt, where: str) -> list[dict]:
 def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]:
     """One dict per non-blank line, with the columns of eval_items (minus bookkeeping)."""
     rows, seen = [], set()
-    for line_no, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    # utf-8-sig: a leading BOM (Windows tools write one) is no part of line 1
+    for line_no, line in enumerate(data.decode("utf-8-sig").splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{name} line {line_no}"

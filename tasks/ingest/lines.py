@@ -3,7 +3,8 @@
 A block of the file is read at once; memchr finds the newlines and the Arrow array
 of lines is a zero-copy view of the block (each value keeps its line ending, which
 JSON parsing skips as whitespace; `nbytes` is the length without it). Blank lines
-are dropped but still counted, so `line_no` is the line's number in the file.
+are dropped but still counted, so `line_no` is the line's number in the file. A UTF-8
+byte order mark at the start of the file is skipped (Windows tools write one).
 Undecodable UTF-8 becomes a visible U+FFFD (flagged in `utf8_ok`, so validation
 quarantines the line) instead of aborting the batch.
 
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from tasks.ingest.native import _logscan
 
+_BOM = b"\xef\xbb\xbf"
 # bytes.isspace(): a line of only these is blank, and blank lines separate records
 _SPACE = np.array([0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D], dtype=np.uint8)
 
@@ -33,8 +35,8 @@ def first_line(path: Path, limit: int = 8 << 20) -> bytes:
     try:
         with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
             for line in iter(lambda: handle.readline(limit), b""):
-                if line.strip():
-                    return line
+                if line.removeprefix(_BOM).strip():
+                    return line.removeprefix(_BOM)
     except (OSError, EOFError):  # a corrupt gzip: the normal ingest reports what it can read
         return b""
     return b""
@@ -52,6 +54,8 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tupl
     # whose fixed costs would buy few lines (its length is unknown inside a .gz).
     block_bytes = chunk_bytes if gzipped else -(-size // max(1, -(-size // chunk_bytes)))
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
+        if handle.read(len(_BOM)) != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
+            handle.seek(0)
         next_no, consumed, carry = 1, 0, b""
         while block := handle.read(block_bytes):
             consumed += len(block)

@@ -37,6 +37,15 @@ def test_verify_writes_one_verdict_line_per_input_line(tmp_path):
     assert "verified 5 rows: 2 passed" in result.output
 
 
+def test_a_byte_order_mark_before_the_first_line_is_not_its_content(tmp_path):
+    path = write_input(tmp_path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as Windows tools write UTF-8
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(app, ["verify", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    check_lines([json.loads(line) for line in out.read_text().splitlines()])
+
+
 def test_verify_to_stdout_through_dask(tmp_path, monkeypatch):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     result = CliRunner().invoke(app, ["verify", str(write_input(tmp_path)), "--dask", "--batch-size", "2", "--workers", "1"])

@@ -38,6 +38,12 @@ def test_same_file_twice_is_a_no_op_and_a_changed_file_is_a_new_version(lake_set
     assert len(all_eval_prompts(con)) == 3  # one per distinct prompt, across versions
 
 
+def test_a_byte_order_mark_before_the_first_line_is_not_its_content(lake_settings, tmp_path):
+    path = _write(tmp_path / "math.jsonl", ITEMS)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as Windows tools write UTF-8
+    assert register_evalset(open_lake(lake_settings), "math", path).items == 2
+
+
 def test_chat_prompts_keep_their_messages_and_verifier(lake_settings, tmp_path):
     con = open_lake(lake_settings)
     register_evalset(con, "math", _write(tmp_path / "m.jsonl", ITEMS))

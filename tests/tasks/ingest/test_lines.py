@@ -63,13 +63,19 @@ def test_newlines_are_found_at_every_position():
 
 
 def test_first_line_skips_blank_lines_reads_gzip_and_survives_a_broken_one(tmp_path):
-    import gzip
-
     from tasks.ingest.lines import first_line
 
     plain, packed, broken = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz", tmp_path / "c.jsonl.gz"
     plain.write_bytes(b"\n  \n{\"a\": 1}\n{\"b\": 2}\n")
-    packed.write_bytes(gzip.compress(b"{\"c\": 3}\n"))
+    packed.write_bytes(gzip.compress(b"\xef\xbb\xbf{\"c\": 3}\n"))  # with a UTF-8 BOM
     broken.write_bytes(b"\x1f\x8b" + b"\x00" * 20)
     assert first_line(plain) == b"{\"a\": 1}\n" and first_line(packed) == b"{\"c\": 3}\n"
     assert first_line(broken) == b"" and first_line(tmp_path / "a.jsonl", limit=4) == b"{\"a\""
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_byte_order_mark_is_no_part_of_the_first_line(tmp_path, gzipped):
+    data = b"\xef\xbb\xbf" + b'{"a": 1}\n{"b": "\xef\xbb\xbf"}\n'  # a BOM inside a later line is content
+    path = tmp_path / ("bom.jsonl.gz" if gzipped else "bom.jsonl")
+    path.write_bytes(gzip.compress(data) if gzipped else data)
+    assert _read(path, 10, 4) == [(1, '{"a": 1}', True), (2, '{"b": "\ufeff"}', True)]
