@@ -196,10 +196,38 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
     for i, message in enumerate(record["messages"]):
         if not isinstance(message, dict):
             return f"messages[{i}] must be an object with role and content, got {_json_name(type(message))}"
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                return f"messages[{i}].{key} must be a string, got {_json_name(type(message.get(key)))}"
+        if not isinstance(message.get("role"), str):
+            return f"messages[{i}].role must be a string, got {_json_name(type(message.get('role')))}"
+        if content_text(message.get("content")) is None:
+            return f"messages[{i}].content {_content_problem(message.get('content'))}"
     return "a field has the wrong type"
+
+
+def content_text(content) -> str | None:
+    """A message's content as text: a string, or a non-empty list of text parts (OpenAI's
+    `{"type": "text", "text": ...}`) joined by newlines; None for anything else. The
+    feature query's fast path of the same rule (tasks/ingest/features.py)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "\n".join(p["text"] for p in content)
+    return None
+
+
+def _content_problem(content) -> str:
+    if not isinstance(content, list):
+        return f"must be a string or a list of text parts, got {_json_name(type(content))}"
+    if not content:
+        return "is an empty list of parts"
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            # an image or audio part: the task could not be replayed from text alone
+            return f"part {j} is {kind!r}, not text: only text can be sampled and trained on"
+        if not isinstance(part.get("text"), str):
+            return f"part {j} has no string `text`"
+    return "is not text"
 
 
 def _explain_bad_role(record: dict, rules: LogRules) -> str:
@@ -213,7 +241,7 @@ def _explain_empty(record: dict, rules: LogRules) -> str:
     if not record["messages"]:
         return "`messages` is empty: a failure log needs the conversation"
     for i, message in enumerate(record["messages"]):
-        if not message["content"].strip():
+        if not content_text(message["content"]).strip():
             return f"messages[{i}].content is empty"
     return "the conversation has no user message"
 
@@ -223,7 +251,7 @@ def _explain_too_large(record: dict, rules: LogRules) -> str:
         return f"{len(record['messages'])} messages, over the limit of {rules.max_messages}"
     if len(record["response"]) > rules.max_response_chars:
         return f"response is {len(record['response']):,} characters, over {rules.max_response_chars:,}"
-    total = sum(len(m["content"]) for m in record["messages"])
+    total = sum(len(content_text(m["content"])) for m in record["messages"])
     return f"messages hold {total:,} characters, over the limit of {rules.max_content_chars:,}"
 
 

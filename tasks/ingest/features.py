@@ -70,7 +70,12 @@ WITH parsed AS (
   SELECT *, {types},
   CASE WHEN f_messages IS NOT NULL THEN coalesce(len(msgs), 0) END AS n_messages,
   list_transform(msgs, m -> m.role) AS roles_json,
-  list_transform(msgs, m -> json_extract_string(m.content, '$')) AS contents,
+  -- a content is a string or a list of text parts (OpenAI's format): joined by newlines,
+  -- as the gateway joins them (tasks/ingest/signals.py: text_of)
+  list_transform(msgs, m -> CASE left(m.content, 1) WHEN '"' THEN json_extract_string(m.content, '$')
+    WHEN '[' THEN array_to_string(list_transform(json_extract(m.content, '$[*]'),
+                                                 p -> json_extract_string(p, '$.text')), chr(10)) END) AS contents,
+  list_bool_or(list_transform(msgs, m -> left(m.content, 1) = '[')) AS has_parts,
   coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier
   FROM nested
 )
@@ -86,7 +91,10 @@ SELECT line_no, utf8_ok, is_json, top_type,
   -- so whitespace and key order do not change it and unknown extra keys do not count
   sha256(v::VARCHAR) AS log_id,
   f_id ->> '$' AS request_id, ts, f_model ->> '$' AS model,
-  f_messages::VARCHAR AS messages, response,
+  -- stored with each content as its text, so every later stage reads strings
+  CASE WHEN has_parts THEN to_json(list_transform(json_extract(f_messages, '$[*]'),
+    (item, i) -> json_merge_patch(item, json_object('content', contents[i]))))::VARCHAR
+    ELSE f_messages::VARCHAR END AS messages, response,
   fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
   f_reference::VARCHAR AS reference,
   CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
@@ -104,7 +112,10 @@ def _messages_sql(rules: LogRules) -> str:
     roles = ", ".join(f"'\"{r}\"'" for r in ROLES)
     # trim() strips spaces only, so "c has a non-space character" is regexp '[^ ]'
     return f"""CASE WHEN t_messages = 'ARRAY' THEN
-    list_bool_and(list_transform(msgs, m -> left(m.role, 1) = '"' AND left(m.content, 1) = '"')) END
+    list_bool_and(list_transform(msgs, m -> left(m.role, 1) = '"' AND (left(m.content, 1) = '"'
+      OR (left(m.content, 1) = '[' AND json_array_length(m.content) > 0
+          AND list_bool_and(list_transform(json_extract(m.content, '$[*]'), p -> coalesce(
+              json_extract_string(p, '$.type') = 'text' AND json_type(p, '$.text') = 'VARCHAR', false))))))) END
     AS messages_well_typed,
   list_bool_and(list_transform(roles_json, r -> r IN ({roles}))) AS roles_ok,
   n_messages >= 1 AND list_bool_and(list_transform(contents, c -> regexp_matches(c, '[^ ]')))

@@ -58,6 +58,33 @@ def test_every_malformed_kind_is_quarantined_verbatim_with_its_reason(lake_setti
         assert raw == line
 
 
+def test_text_parts_land_as_text_and_a_part_that_is_no_text_is_quarantined_with_why(lake_settings, tmp_path):
+    # OpenAI's chat format lets a content be a list of parts; SDKs and frameworks send it
+    def parts(*texts, role="user"):
+        return {"role": role, "name": "ada", "content": [{"type": "text", "text": t} for t in texts]}
+
+    system = {"role": "system", "content": "Answer briefly."}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    lines = [
+        json.dumps({**valid_log(0), "messages": [system, parts("What is", "17*23?")]}),
+        json.dumps({**valid_log(1), "messages": [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}]}),
+        json.dumps({**valid_log(2), "messages": [{"role": "user", "content": []}]}),
+        json.dumps({**valid_log(3), "messages": [parts("   ")]}),
+    ]
+    path = write_logs(tmp_path / "parts.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (1, 3)
+    messages = json.loads(con.execute("SELECT messages FROM lake.failure_logs").fetchone()[0])
+    assert messages == [system, {"role": "user", "name": "ada", "content": "What is\n17*23?"}]
+    reasons = con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert reasons == [
+        (2, "wrong_type", "messages[0].content part 0 is 'image_url', not text: only text can be sampled and "
+                          "trained on"),
+        (3, "wrong_type", "messages[0].content is an empty list of parts"),
+        (4, "empty_content", "messages[0].content is empty")]
+
+
 def test_bad_json_reason_names_the_column(lake_settings, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": "a", "ts": oops}\n')
