@@ -9,8 +9,9 @@ batch becomes visible in one DuckLake commit, so memory does not grow with the f
 a crash leaves no partial rows, and a rerun ingests the batch exactly once. A batch
 already in `ingest_batches` is skipped and reported as such. Raw files are only
 read, never moved or deleted. A file the gateway shipped (under `<landing>/gateway/`,
-or anywhere when its first line is a gateway record) holds gateway records instead: tasks/ingest/gateway.py writes them to the lake and
-hands the failure logs they signal back to `ingest_file`.
+or anywhere when its first line is a gateway record) holds gateway records instead:
+tasks/ingest/gateway.py writes them to the lake and hands the failure logs they signal
+back to `ingest_file`.
 
 This module moves bytes and rows; it decides nothing about a line's validity.
 """
@@ -123,7 +124,7 @@ def run(con: duckdb.DuckDBPyConnection, cfg: IngestConfig, key: StageKey) -> dic
 def ingest_source(con: duckdb.DuckDBPyConnection, settings: LakeSettings, uri: str,
                   cfg: IngestConfig, cycle_id: str) -> BatchResult:
     """Ingest one file (local path or s3:// URI) as one batch: failure logs, or gateway
-    records when the gateway shipped it (under `<landing>/gateway/`)."""
+    records when the gateway shipped it (`is_gateway_source`)."""
     with local_copy(settings, uri) as (path, version):
         if is_gateway_source(settings, uri, path):
             # gateway.py builds on this module (its failure logs go through ingest_file),

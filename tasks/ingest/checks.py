@@ -205,8 +205,8 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
 
 def content_text(content) -> str | None:
     """A message's content as text: a string, or a non-empty list of text parts (OpenAI's
-    `{"type": "text", "text": ...}`) joined by newlines; None for anything else. The
-    feature query's fast path of the same rule (tasks/ingest/features.py)."""
+    `{"type": "text", "text": ...}`) joined by newlines; None for anything else.
+    tasks/ingest/features.py applies the same rule in SQL."""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content and all(
