@@ -118,7 +118,15 @@ def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, limit: int
     out = []
     for log_id, domain, verifier, messages, reference in rows:
         parsed = json.loads(messages)
-        prompt = prompt_text(parsed)
+        try:
+            prompt = prompt_text(parsed)
+        except (KeyError, TypeError):
+            # a message with no text: ingest refuses these since 2026-12-07, and a lake may
+            # hold some from before; a bad row is a decision, not a crash of every curation
+            cand = Candidate(log_id, domain, parsed, "", json.loads(reference), content_hash(""))
+            cand.decision, cand.evidence = "unverifiable", {"reason": "a message has no text content"}
+            out.append(cand)
+            continue
         cand = Candidate(log_id, domain, parsed, prompt, json.loads(reference), content_hash(prompt))
         try:
             cand.verifier = cfg.verifiers.verifier_for(domain, verifier)

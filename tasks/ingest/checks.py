@@ -198,26 +198,35 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
             return f"messages[{i}] must be an object with role and content, got {_json_name(type(message))}"
         if not isinstance(message.get("role"), str):
             return f"messages[{i}].role must be a string, got {_json_name(type(message.get('role')))}"
-        if content_text(message.get("content")) is None:
+        if message_text(message) is None:
             return f"messages[{i}].content {_content_problem(message.get('content'))}"
     return "a field has the wrong type"
 
 
-def content_text(content) -> str | None:
-    """A message's content as text: a string, or a non-empty list of text parts (OpenAI's
-    `{"type": "text", "text": ...}`) joined by newlines; None for anything else.
+def message_text(message: dict) -> str | None:
+    """A message's content as text: a string; a non-empty list of text parts (OpenAI's
+    `{"type": "text", "text": ...}`) joined by newlines; for an assistant turn with no
+    content and tool calls, the calls as the gateway writes them; None for anything else.
     tasks/ingest/features.py applies the same rule in SQL."""
+    content = message.get("content")
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
         return "\n".join(p["text"] for p in content)
+    calls = message.get("tool_calls")
+    if content is None and message.get("role") == "assistant" and isinstance(calls, list) and calls:
+        functions = [c.get("function") if isinstance(c, dict) else None for c in calls]
+        return json.dumps([{"name": f.get("name"), "arguments": f.get("arguments")} if isinstance(f, dict)
+                           else {"name": None, "arguments": None} for f in functions],
+                          ensure_ascii=False, separators=(",", ":"))
     return None
 
 
 def _content_problem(content) -> str:
     if not isinstance(content, list):
-        return f"must be a string or a list of text parts, got {_json_name(type(content))}"
+        return (f"must be a string or a list of text parts (or, in an assistant turn with tool_calls, null), "
+                f"got {_json_name(type(content))}")
     if not content:
         return "is an empty list of parts"
     for j, part in enumerate(content):
@@ -241,7 +250,7 @@ def _explain_empty(record: dict, rules: LogRules) -> str:
     if not record["messages"]:
         return "`messages` is empty: a failure log needs the conversation"
     for i, message in enumerate(record["messages"]):
-        if not content_text(message["content"]).strip():
+        if not message_text(message).strip():
             return f"messages[{i}].content is empty"
     return "the conversation has no user message"
 
@@ -251,7 +260,7 @@ def _explain_too_large(record: dict, rules: LogRules) -> str:
         return f"{len(record['messages'])} messages, over the limit of {rules.max_messages}"
     if len(record["response"]) > rules.max_response_chars:
         return f"response is {len(record['response']):,} characters, over {rules.max_response_chars:,}"
-    total = sum(len(content_text(m["content"])) for m in record["messages"])
+    total = sum(len(message_text(m)) for m in record["messages"])
     return f"messages hold {total:,} characters, over the limit of {rules.max_content_chars:,}"
 
 

@@ -25,6 +25,23 @@ LOG_ONLY = ("log_id", "request_id", "ts", "model", "messages", "response", "fail
 _REF_KEYS = ("answer", "entry_point", "tests", "solution", "schema")
 
 
+# A message's text, over `m` (role, content, tool_calls as JSON; a JSON null content is
+# NULL): the rule of tasks/ingest/checks.py: message_text. A string; a list of text parts
+# joined by newlines (OpenAI's format; the gateway joins them so too); an assistant turn
+# with no content and tool calls: the calls as the gateway writes them (signals.py).
+_TEXT_PARTS_OK = """(left(m.content, 1) = '[' AND json_array_length(m.content) > 0
+      AND list_bool_and(list_transform(json_extract(m.content, '$[*]'), p -> coalesce(
+          json_extract_string(p, '$.type') = 'text' AND json_type(p, '$.text') = 'VARCHAR', false))))"""
+_CALLS_TEXT = """CASE WHEN m.role = '"assistant"' AND left(m.tool_calls, 1) = '['
+      AND json_array_length(m.tool_calls) > 0 THEN to_json(list_transform(json_extract(m.tool_calls, '$[*]'),
+        c -> json_object('name', json_extract(c, '$.function.name'),
+                         'arguments', json_extract(c, '$.function.arguments'))))::VARCHAR END"""
+_MESSAGE_TEXT = f"""CASE left(m.content, 1) WHEN '"' THEN json_extract_string(m.content, '$')
+    WHEN '[' THEN array_to_string(list_transform(json_extract(m.content, '$[*]'),
+                                                 p -> json_extract_string(p, '$.text')), chr(10))
+    ELSE CASE WHEN m.content IS NULL THEN {_CALLS_TEXT} END END"""
+
+
 def json_type_sql(value: str) -> str:
     """json_type(value) for DuckDB-serialised JSON: the first character names the type
     (json_extract writes minified JSON); only numbers need the parser (BIGINT/UBIGINT/DOUBLE)."""
@@ -60,7 +77,8 @@ WITH parsed AS (
   SELECT *,
   CASE WHEN top_type = 'OBJECT' THEN {missing} ELSE 0 END AS n_missing,
   -- an item that is not an object yields NULL role and content, so it fails the type check
-  CASE WHEN left(f_messages, 1) = '[' THEN json_transform(f_messages, '[{{"role":"JSON","content":"JSON"}}]') END AS msgs,
+  CASE WHEN left(f_messages, 1) = '[' THEN
+    json_transform(f_messages, '[{{"role":"JSON","content":"JSON","tool_calls":"JSON"}}]') END AS msgs,
   CASE WHEN left(f_reference, 1) = '{{' THEN json_extract(f_reference, [{ref_paths}]) END AS ref_v,
   CASE WHEN left(f_failure, 1) = '{{' THEN json_extract(f_failure, ['$.kind', '$.detail']) END AS fk,
   f_domain ->> '$' AS domain, f_verifier ->> '$' AS verifier, f_response ->> '$' AS response,
@@ -70,12 +88,8 @@ WITH parsed AS (
   SELECT *, {types},
   CASE WHEN f_messages IS NOT NULL THEN coalesce(len(msgs), 0) END AS n_messages,
   list_transform(msgs, m -> m.role) AS roles_json,
-  -- a content is a string or a list of text parts (OpenAI's format): joined by newlines,
-  -- as the gateway joins them (tasks/ingest/signals.py: text_of)
-  list_transform(msgs, m -> CASE left(m.content, 1) WHEN '"' THEN json_extract_string(m.content, '$')
-    WHEN '[' THEN array_to_string(list_transform(json_extract(m.content, '$[*]'),
-                                                 p -> json_extract_string(p, '$.text')), chr(10)) END) AS contents,
-  list_bool_or(list_transform(msgs, m -> left(m.content, 1) = '[')) AS has_parts,
+  list_transform(msgs, m -> {_MESSAGE_TEXT}) AS contents,
+  list_bool_or(list_transform(msgs, m -> left(m.content, 1) = '[' OR m.content IS NULL)) AS rewritten,
   coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier
   FROM nested
 )
@@ -91,9 +105,11 @@ SELECT line_no, utf8_ok, is_json, top_type,
   -- so whitespace and key order do not change it and unknown extra keys do not count
   sha256(v::VARCHAR) AS log_id,
   f_id ->> '$' AS request_id, ts, f_model ->> '$' AS model,
-  -- stored with each content as its text, so every later stage reads strings
-  CASE WHEN has_parts THEN to_json(list_transform(json_extract(f_messages, '$[*]'),
-    (item, i) -> json_merge_patch(item, json_object('content', contents[i]))))::VARCHAR
+  -- stored with each content as its text, so every later stage reads strings; a turn
+  -- whose text is its tool calls keeps them only there
+  CASE WHEN rewritten THEN to_json(list_transform(json_extract(f_messages, '$[*]'), (item, i) -> json_merge_patch(
+    item, CASE WHEN msgs[i].content IS NULL THEN json_object('content', contents[i], 'tool_calls', NULL)
+               ELSE json_object('content', contents[i]) END)))::VARCHAR
     ELSE f_messages::VARCHAR END AS messages, response,
   fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
   f_reference::VARCHAR AS reference,
@@ -112,13 +128,13 @@ def _messages_sql(rules: LogRules) -> str:
     roles = ", ".join(f"'\"{r}\"'" for r in ROLES)
     # trim() strips spaces only, so "c has a non-space character" is regexp '[^ ]'
     return f"""CASE WHEN t_messages = 'ARRAY' THEN
-    list_bool_and(list_transform(msgs, m -> left(m.role, 1) = '"' AND (left(m.content, 1) = '"'
-      OR (left(m.content, 1) = '[' AND json_array_length(m.content) > 0
-          AND list_bool_and(list_transform(json_extract(m.content, '$[*]'), p -> coalesce(
-              json_extract_string(p, '$.type') = 'text' AND json_type(p, '$.text') = 'VARCHAR', false))))))) END
+    -- coalesce: list_bool_and skips NULLs, and a message with no content (or an item that
+    -- is no object) gives NULL, which would let it pass beside well-typed ones
+    list_bool_and(list_transform(msgs, m -> coalesce(left(m.role, 1) = '"' AND (left(m.content, 1) = '"'
+      OR {_TEXT_PARTS_OK} OR (m.content IS NULL AND {_CALLS_TEXT} IS NOT NULL)), false))) END
     AS messages_well_typed,
   list_bool_and(list_transform(roles_json, r -> r IN ({roles}))) AS roles_ok,
-  n_messages >= 1 AND list_bool_and(list_transform(contents, c -> regexp_matches(c, '[^ ]')))
+  n_messages >= 1 AND list_bool_and(list_transform(contents, c -> coalesce(regexp_matches(c, '[^ ]'), false)))
     AND list_contains(roles_json, '"user"') AS content_ok,
   n_messages <= {rules.max_messages}
     AND coalesce(list_sum(list_transform(contents, c -> length(c))), 0) <= {rules.max_content_chars}

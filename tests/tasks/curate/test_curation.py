@@ -2,13 +2,16 @@
 import gzip
 import json
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from storage.lake import open_lake
+from storage.lake import append_rows, open_lake, transaction
+from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.curate import decontaminate
 from tasks.curate.curation import Candidate, CurateConfig, curate, eval_index, mark_duplicates
@@ -78,6 +81,21 @@ def test_every_decision_kind_with_its_evidence(lake_settings, tmp_path):
     assert len(tasks) == 2 and {t[1] for t in tasks} == {"math"}
     assert len(next(t for t in tasks if t[0] == kept_task)[2]) == 2  # the log and its exact copy
     assert curate(con, CFG, "c2").logs == 0  # rerun: nothing undecided, nothing written
+
+
+def test_a_log_whose_messages_have_no_text_is_unverifiable_not_a_crash(lake_settings, tmp_path):
+    # ingest refuses such logs now; a lake filled before it did may still hold them
+    con = open_lake(lake_settings)
+    _ingest(con, tmp_path / "logs.jsonl", [_log(1, STORY, {"answer": "3"})], "c1")
+    broken = {"log_id": "old-broken", "batch_id": "b-old", "line_no": 1, "request_id": "req-old", "domain": "math",
+              "messages": json.dumps([{"role": "user", "content": "hi"}, {"role": "assistant"}]),
+              "response": "x", "failure_kind": "wrong_answer", "reference": json.dumps({"answer": "3"}),
+              "meta": "{}", "model": "m", "ts": datetime(2026, 11, 30, 12, tzinfo=timezone.utc)}
+    with transaction(con):
+        append_rows(con, "failure_logs", pa.Table.from_pylist([broken], schema=SCHEMAS["failure_logs"]))
+    counts = curate(con, CFG, "c1")
+    assert (counts.logs, counts.kept, counts.unverifiable) == (2, 1, 1)
+    assert _decisions(con)["req-old"][:2] == ("unverifiable", {"reason": "a message has no text content"})
 
 
 def test_eval_items_covered_by_earlier_tasks_are_reported(lake_settings, tmp_path):

@@ -85,6 +85,43 @@ def test_text_parts_land_as_text_and_a_part_that_is_no_text_is_quarantined_with_
         (4, "empty_content", "messages[0].content is empty")]
 
 
+def test_an_assistant_turn_that_only_called_tools_lands_with_its_calls_as_text(lake_settings, tmp_path):
+    # an agent's conversation as OpenAI's API carries it: content null beside tool_calls
+    call = {"id": "t1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    turns = [{"role": "user", "content": "Weather in Oslo, in Fahrenheit?"},
+             {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "t1", "content": "5C"}]
+    lines = [json.dumps({**valid_log(0), "messages": turns}),
+             json.dumps({**valid_log(1), "messages": [turns[0], {"role": "assistant", "content": None}]})]
+    path = write_logs(tmp_path / "agent.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (1, 1)
+    stored = json.loads(con.execute("SELECT messages FROM lake.failure_logs").fetchone()[0])
+    assert stored == [turns[0], {"role": "assistant", "content": '[{"name":"weather","arguments":"{\\"city\\": '
+                                                               '\\"Oslo\\"}"}]'}, turns[2]]
+    (reason,) = con.execute("SELECT reason FROM lake.quarantine").fetchone()
+    assert reason.startswith("messages[1].content must be a string or a list of text parts (or, in an assistant "
+                             "turn with tool_calls, null), got null")
+
+
+def test_a_broken_message_beside_good_ones_is_quarantined(lake_settings, tmp_path):
+    # these passed once (a NULL beside TRUE in the type check counted as TRUE) and then
+    # broke curation, which reads every message's content
+    user = {"role": "user", "content": "What is 2+2?"}
+    lines = [json.dumps({**valid_log(0), "messages": [user, {"role": "assistant"}]}),
+             json.dumps({**valid_log(1), "messages": [user, "What is 3+3?"]}),
+             json.dumps({**valid_log(2), "messages": [user, {"content": "no role"}]})]
+    path = write_logs(tmp_path / "broken.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (0, 3)
+    reasons = [r for (r,) in con.execute("SELECT reason FROM lake.quarantine ORDER BY line_no").fetchall()]
+    assert reasons[0].startswith("messages[1].content must be a string") and reasons[0].endswith("got null")
+    assert reasons[1:] == ["messages[1] must be an object with role and content, got a string",
+                           "messages[1].role must be a string, got null"]
+
+
 def test_bad_json_reason_names_the_column(lake_settings, tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": "a", "ts": oops}\n')

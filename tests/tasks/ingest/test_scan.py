@@ -106,6 +106,14 @@ NOT_CLEAN = {
                                                                   {"type": "text", "text": "é\n"}]}]),
     "image_part": log_with(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
     "no_parts": log_with(messages=[{"role": "user", "content": []}]),
+    "tool_call_turn": log_with(messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo/é"}'}},
+            "not a call"]},
+        {"role": "tool", "tool_call_id": "t1", "content": "5C"}]),
+    "no_content_no_calls": log_with(messages=[{"role": "user", "content": "x"}, {"role": "assistant"}]),
+    "user_with_calls": log_with(messages=[{"role": "user", "content": None, "tool_calls": [{"function": {}}]}]),
     "id_number": log_with(id=5),
     "meta_array": log_with(meta=[1]),
     "verifier_number": log_with(verifier=3),
