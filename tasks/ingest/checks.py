@@ -205,21 +205,21 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
 
 def message_text(message: dict) -> str | None:
     """A message's content as text: a string; a non-empty list of text parts (OpenAI's
-    `{"type": "text", "text": ...}`) joined by newlines; for an assistant turn with no
-    content and tool calls, the calls as the gateway writes them; None for anything else.
+    `{"type": "text", "text": ...}`) joined by newlines; for an assistant turn with tool
+    calls and no content (null, or ""), the calls as the gateway writes them; None for
+    anything else.
     tasks/ingest/features.py applies the same rule in SQL."""
-    content = message.get("content")
+    content, calls = message.get("content"), message.get("tool_calls")
+    if content in (None, "") and message.get("role") == "assistant" and isinstance(calls, list) and calls:
+        functions = [c.get("function") if isinstance(c, dict) else None for c in calls]
+        return json.dumps([{"name": f.get("name"), "arguments": f.get("arguments")} if isinstance(f, dict)
+                           else {"name": None, "arguments": None} for f in functions],
+                          ensure_ascii=False, separators=(",", ":"))
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
         return "\n".join(p["text"] for p in content)
-    calls = message.get("tool_calls")
-    if content is None and message.get("role") == "assistant" and isinstance(calls, list) and calls:
-        functions = [c.get("function") if isinstance(c, dict) else None for c in calls]
-        return json.dumps([{"name": f.get("name"), "arguments": f.get("arguments")} if isinstance(f, dict)
-                           else {"name": None, "arguments": None} for f in functions],
-                          ensure_ascii=False, separators=(",", ":"))
     return None
 
 

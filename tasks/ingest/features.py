@@ -28,18 +28,28 @@ _REF_KEYS = ("answer", "entry_point", "tests", "solution", "schema")
 # A message's text, over `m` (role, content, tool_calls as JSON; a JSON null content is
 # NULL): the rule of tasks/ingest/checks.py: message_text. A string; a list of text parts
 # joined by newlines (OpenAI's format; the gateway joins them so too); an assistant turn
-# with no content and tool calls: the calls as the gateway writes them (signals.py).
+# with tool calls and no content (null, or "" as some frameworks write it): the calls as
+# the gateway writes them (signals.py).
 _TEXT_PARTS_OK = """(left(m.content, 1) = '[' AND json_array_length(m.content) > 0
       AND list_bool_and(list_transform(json_extract(m.content, '$[*]'), p -> coalesce(
           json_extract_string(p, '$.type') = 'text' AND json_type(p, '$.text') = 'VARCHAR', false))))"""
-_CALLS_TEXT = """CASE WHEN m.role = '"assistant"' AND left(m.tool_calls, 1) = '['
-      AND json_array_length(m.tool_calls) > 0 THEN to_json(list_transform(json_extract(m.tool_calls, '$[*]'),
+
+
+def _calls_text(m: str) -> str:
+    return f"""CASE WHEN {m}.role = '"assistant"' AND left({m}.tool_calls, 1) = '['
+      AND json_array_length({m}.tool_calls) > 0 THEN to_json(list_transform(json_extract({m}.tool_calls, '$[*]'),
         c -> json_object('name', json_extract(c, '$.function.name'),
                          'arguments', json_extract(c, '$.function.arguments'))))::VARCHAR END"""
-_MESSAGE_TEXT = f"""CASE left(m.content, 1) WHEN '"' THEN json_extract_string(m.content, '$')
-    WHEN '[' THEN array_to_string(list_transform(json_extract(m.content, '$[*]'),
-                                                 p -> json_extract_string(p, '$.text')), chr(10))
-    ELSE CASE WHEN m.content IS NULL THEN {_CALLS_TEXT} END END"""
+
+
+def _calls_are_text(m: str) -> str:
+    return f"""(({m}.content IS NULL OR {m}.content = '""') AND {_calls_text(m)} IS NOT NULL)"""
+
+
+_MESSAGE_TEXT = f"""CASE WHEN {_calls_are_text("m")} THEN {_calls_text("m")}
+    WHEN left(m.content, 1) = '"' THEN json_extract_string(m.content, '$')
+    WHEN left(m.content, 1) = '[' THEN array_to_string(list_transform(json_extract(m.content, '$[*]'),
+                                                 p -> json_extract_string(p, '$.text')), chr(10)) END"""
 
 
 def json_type_sql(value: str) -> str:
@@ -89,7 +99,7 @@ WITH parsed AS (
   CASE WHEN f_messages IS NOT NULL THEN coalesce(len(msgs), 0) END AS n_messages,
   list_transform(msgs, m -> m.role) AS roles_json,
   list_transform(msgs, m -> {_MESSAGE_TEXT}) AS contents,
-  list_bool_or(list_transform(msgs, m -> left(m.content, 1) = '[' OR m.content IS NULL)) AS rewritten,
+  list_bool_or(list_transform(msgs, m -> left(m.content, 1) = '[' OR {_calls_are_text("m")})) AS rewritten,
   coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier
   FROM nested
 )
@@ -108,7 +118,8 @@ SELECT line_no, utf8_ok, is_json, top_type,
   -- stored with each content as its text, so every later stage reads strings; a turn
   -- whose text is its tool calls keeps them only there
   CASE WHEN rewritten THEN to_json(list_transform(json_extract(f_messages, '$[*]'), (item, i) -> json_merge_patch(
-    item, CASE WHEN msgs[i].content IS NULL THEN json_object('content', contents[i], 'tool_calls', NULL)
+    item, CASE WHEN {_calls_are_text("msgs[i]")}
+               THEN json_object('content', contents[i], 'tool_calls', NULL)
                ELSE json_object('content', contents[i]) END)))::VARCHAR
     ELSE f_messages::VARCHAR END AS messages, response,
   fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
@@ -131,7 +142,7 @@ def _messages_sql(rules: LogRules) -> str:
     -- coalesce: list_bool_and skips NULLs, and a message with no content (or an item that
     -- is no object) gives NULL, which would let it pass beside well-typed ones
     list_bool_and(list_transform(msgs, m -> coalesce(left(m.role, 1) = '"' AND (left(m.content, 1) = '"'
-      OR {_TEXT_PARTS_OK} OR (m.content IS NULL AND {_CALLS_TEXT} IS NOT NULL)), false))) END
+      OR {_TEXT_PARTS_OK} OR {_calls_are_text("m")}), false))) END
     AS messages_well_typed,
   list_bool_and(list_transform(roles_json, r -> r IN ({roles}))) AS roles_ok,
   n_messages >= 1 AND list_bool_and(list_transform(contents, c -> coalesce(regexp_matches(c, '[^ ]'), false)))

@@ -112,6 +112,9 @@ NOT_CLEAN = {
             {"id": "t1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo/é"}'}},
             "not a call"]},
         {"role": "tool", "tool_call_id": "t1", "content": "5C"}]),
+    "empty_content_with_calls": log_with(messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": "{}"}}]}]),
     "no_content_no_calls": log_with(messages=[{"role": "user", "content": "x"}, {"role": "assistant"}]),
     "user_with_calls": log_with(messages=[{"role": "user", "content": None, "tool_calls": [{"function": {}}]}]),
     "id_number": log_with(id=5),
