@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from tasks.ingest.signals import tool_calls_text
 from verifiers.registry import DEFAULT_DOMAIN_MAP, VERIFIERS
 
 REQUIRED_FIELDS = ("messages", "response", "domain", "reference", "ts", "model", "failure")
@@ -206,15 +207,12 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
 def message_text(message: dict) -> str | None:
     """A message's content as text: a string; a non-empty list of text parts (OpenAI's
     `{"type": "text", "text": ...}`) joined by newlines; for an assistant turn with tool
-    calls and no content (null, or ""), the calls as the gateway writes them; None for
-    anything else.
-    tasks/ingest/features.py applies the same rule in SQL."""
+    calls and no content (null, or ""), the calls as the gateway writes them
+    (signals.tool_calls_text); None for anything else. tasks/ingest/features.py applies
+    the same rule in SQL."""
     content, calls = message.get("content"), message.get("tool_calls")
     if content in (None, "") and message.get("role") == "assistant" and isinstance(calls, list) and calls:
-        functions = [c.get("function") if isinstance(c, dict) else None for c in calls]
-        return json.dumps([{"name": f.get("name"), "arguments": f.get("arguments")} if isinstance(f, dict)
-                           else {"name": None, "arguments": None} for f in functions],
-                          ensure_ascii=False, separators=(",", ":"))
+        return tool_calls_text(calls)
     if isinstance(content, str):
         return content
     if isinstance(content, list) and content and all(

@@ -37,7 +37,8 @@ _TEXT_PARTS_OK = """(left(m.content, 1) = '[' AND json_array_length(m.content) >
 
 def _calls_text(m: str) -> str:
     return f"""CASE WHEN {m}.role = '"assistant"' AND left({m}.tool_calls, 1) = '['
-      AND json_array_length({m}.tool_calls) > 0 THEN to_json(list_transform(json_extract({m}.tool_calls, '$[*]'),
+      AND json_array_length({m}.tool_calls) > 0 THEN to_json(list_transform(
+        list_filter(json_extract({m}.tool_calls, '$[*]'), c -> json_type(c, '$.function') = 'OBJECT'),
         c -> json_object('name', json_extract(c, '$.function.name'),
                          'arguments', json_extract(c, '$.function.arguments'))))::VARCHAR END"""
 

@@ -173,7 +173,7 @@ def reply_message(call: dict) -> dict:
 
 def reply_text(message: dict) -> str:
     """What the model wrote: the text, or its tool calls when it wrote none."""
-    return text_of(message.get("content")) or _tool_calls_text(message.get("tool_calls"))
+    return text_of(message.get("content")) or tool_calls_text(message.get("tool_calls"))
 
 
 def text_of(content) -> str:
@@ -269,10 +269,10 @@ def _plain_message(message):
     role = message.get("role")
     # `developer` is OpenAI's newer name for the system role.
     return {"role": "system" if role == "developer" else role,
-            "content": text_of(message.get("content")) or _tool_calls_text(message.get("tool_calls"))}
+            "content": text_of(message.get("content")) or tool_calls_text(message.get("tool_calls"))}
 
 
-def _tool_calls_text(tool_calls) -> str:
+def tool_calls_text(tool_calls) -> str:
     """An assistant turn that only called tools, as text: the calls in compact JSON."""
     if not isinstance(tool_calls, list) or not tool_calls:
         return ""
