@@ -1,0 +1,100 @@
+"""What a valid failure log is, line by line: every malformed kind is kept with its reason,
+and the message shapes real clients write (content parts, tool-call turns) land as text."""
+from __future__ import annotations
+
+import json
+
+from storage.lake import open_lake
+from tasks.ingest.batch import IngestConfig, ingest_file
+from tests.tasks.logs import MALFORMED, valid_log, write_logs
+
+CFG = IngestConfig(chunk_lines=1000)
+
+
+def test_every_malformed_kind_is_quarantined_verbatim_with_its_reason(lake_settings, tmp_path):
+    lines = [line for line, _ in MALFORMED.values()]
+    path = write_logs(tmp_path / "mixed.jsonl", 20, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (20, len(MALFORMED))
+    got = {row[0]: row[1:] for row in con.execute(
+        "SELECT line_no, kind, reason, raw FROM lake.quarantine ORDER BY line_no").fetchall()}
+    for offset, (kind, (line, phrase)) in enumerate(MALFORMED.items()):
+        got_kind, reason, raw = got[21 + offset]
+        assert got_kind == kind, (kind, reason)
+        assert phrase in reason, (kind, reason)
+        assert raw == line
+
+
+def test_text_parts_land_as_text_and_a_part_that_is_no_text_is_quarantined_with_why(lake_settings, tmp_path):
+    # OpenAI's chat format lets a content be a list of parts; SDKs and frameworks send it
+    def parts(*texts, role="user"):
+        return {"role": role, "name": "ada", "content": [{"type": "text", "text": t} for t in texts]}
+
+    system = {"role": "system", "content": "Answer briefly."}
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    lines = [
+        json.dumps({**valid_log(0), "messages": [system, parts("What is", "17*23?")]}),
+        json.dumps({**valid_log(1), "messages": [{"role": "user", "content": [image, {"type": "text", "text": "?"}]}]}),
+        json.dumps({**valid_log(2), "messages": [{"role": "user", "content": []}]}),
+        json.dumps({**valid_log(3), "messages": [parts("   ")]}),
+    ]
+    path = write_logs(tmp_path / "parts.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (1, 3)
+    messages = json.loads(con.execute("SELECT messages FROM lake.failure_logs").fetchone()[0])
+    assert messages == [system, {"role": "user", "name": "ada", "content": "What is\n17*23?"}]
+    reasons = con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert reasons == [
+        (2, "wrong_type", "messages[0].content part 0 is 'image_url', not text: only text can be sampled and "
+                          "trained on"),
+        (3, "wrong_type", "messages[0].content is an empty list of parts"),
+        (4, "empty_content", "messages[0].content is empty")]
+
+
+def test_an_assistant_turn_that_only_called_tools_lands_with_its_calls_as_text(lake_settings, tmp_path):
+    # an agent's conversation as OpenAI's API carries it: content null beside tool_calls
+    call = {"id": "t1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    turns = [{"role": "user", "content": "Weather in Oslo, in Fahrenheit?"},
+             {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "t1", "content": "5C"}]
+    empty = [turns[0], {**turns[1], "content": ""}, turns[2]]  # "" beside the calls, as some frameworks write
+    lines = [json.dumps({**valid_log(0), "messages": turns}), json.dumps({**valid_log(2), "messages": empty}),
+             json.dumps({**valid_log(1), "messages": [turns[0], {"role": "assistant", "content": None}]})]
+    path = write_logs(tmp_path / "agent.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (2, 1)
+    calls_text = '[{"name":"weather","arguments":"{\\"city\\": \\"Oslo\\"}"}]'
+    for (stored,) in con.execute("SELECT messages FROM lake.failure_logs").fetchall():
+        assert json.loads(stored) == [turns[0], {"role": "assistant", "content": calls_text}, turns[2]]
+    (reason,) = con.execute("SELECT reason FROM lake.quarantine").fetchone()
+    assert reason.startswith("messages[1].content must be a string or a list of text parts (or, in an assistant "
+                             "turn with tool_calls, null), got null")
+
+
+def test_a_broken_message_beside_good_ones_is_quarantined(lake_settings, tmp_path):
+    # these passed once (a NULL beside TRUE in the type check counted as TRUE) and then
+    # broke curation, which reads every message's content
+    user = {"role": "user", "content": "What is 2+2?"}
+    lines = [json.dumps({**valid_log(0), "messages": [user, {"role": "assistant"}]}),
+             json.dumps({**valid_log(1), "messages": [user, "What is 3+3?"]}),
+             json.dumps({**valid_log(2), "messages": [user, {"content": "no role"}]})]
+    path = write_logs(tmp_path / "broken.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (0, 3)
+    reasons = [r for (r,) in con.execute("SELECT reason FROM lake.quarantine ORDER BY line_no").fetchall()]
+    assert reasons[0].startswith("messages[1].content must be a string") and reasons[0].endswith("got null")
+    assert reasons[1:] == ["messages[1] must be an object with role and content, got a string",
+                           "messages[1].role must be a string, got null"]
+
+
+def test_bad_json_reason_names_the_column(lake_settings, tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "ts": oops}\n')
+    con = open_lake(lake_settings)
+    ingest_file(con, path, str(path), CFG, "c1")
+    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == \
+        "not valid JSON: Expecting value at column 19"
