@@ -23,6 +23,10 @@ LOG_ONLY = ("log_id", "request_id", "ts", "model", "messages", "response", "fail
             "reference", "meta")
 # What reference checks read, in this order: ref_v[1..5] in feature_sql.
 _REF_KEYS = ("answer", "entry_point", "tests", "solution", "schema")
+_FIELD_PATHS = ", ".join(f"'$.{f}'" for f in FIELDS)
+_FIELD_COLUMNS = ", ".join(f"v[{i + 1}] AS f_{name}" for i, name in enumerate(FIELDS))
+_NO_FIELD = " AND ".join(f"v[{i + 1}] IS NULL" for i in range(len(FIELDS)))
+_REF_PATHS = ", ".join(f"'$.{k}'" for k in _REF_KEYS)
 
 
 # A message's text, over `m` (role, content, tool_calls as JSON; a JSON null content is
@@ -68,21 +72,17 @@ def feature_sql(rules: LogRules, source: str) -> str:
     messages into (role, content) JSON pairs, the reference into the keys verifiers
     read, the failure into kind and detail.
     """
-    paths = ", ".join(f"'$.{f}'" for f in FIELDS)
-    fields = ", ".join(f"v[{i + 1}] AS f_{name}" for i, name in enumerate(FIELDS))
-    no_field = " AND ".join(f"v[{i + 1}] IS NULL" for i in range(len(FIELDS)))
     of_failure = {"failure_kind": "fk[1]", "failure_detail": "fk[2]"}
     types = ",\n  ".join(f"{json_type_sql(of_failure.get(name) or f'f_{name}')} AS t_{name}"
                          for name in {**REQUIRED_TYPES, **OPTIONAL_TYPES})
     missing = " + ".join(f"(f_{name} IS NULL)::INT" for name in REQUIRED_FIELDS)
-    ref_paths = ", ".join(f"'$.{k}'" for k in _REF_KEYS)
     return f"""
 WITH parsed AS (
-  SELECT line_no, utf8_ok, nbytes, raw, try(json_extract(raw, [{paths}])) AS v FROM {source}
+  SELECT line_no, utf8_ok, nbytes, raw, try(json_extract(raw, [{_FIELD_PATHS}])) AS v FROM {source}
 ), fields AS (
   SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AS is_json,
-    CASE WHEN v IS NULL THEN 'INVALID' WHEN {no_field} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
-    {fields}
+    CASE WHEN v IS NULL THEN 'INVALID' WHEN {_NO_FIELD} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
+    {_FIELD_COLUMNS}
   FROM parsed
 ), nested AS (
   SELECT *,
@@ -90,7 +90,7 @@ WITH parsed AS (
   -- an item that is not an object yields NULL role and content, so it fails the type check
   CASE WHEN left(f_messages, 1) = '[' THEN
     json_transform(f_messages, '[{{"role":"JSON","content":"JSON","tool_calls":"JSON"}}]') END AS msgs,
-  CASE WHEN left(f_reference, 1) = '{{' THEN json_extract(f_reference, [{ref_paths}]) END AS ref_v,
+  CASE WHEN left(f_reference, 1) = '{{' THEN json_extract(f_reference, [{_REF_PATHS}]) END AS ref_v,
   CASE WHEN left(f_failure, 1) = '{{' THEN json_extract(f_failure, ['$.kind', '$.detail']) END AS fk,
   f_domain ->> '$' AS domain, f_verifier ->> '$' AS verifier, f_response ->> '$' AS response,
   TRY_CAST(f_ts ->> '$' AS TIMESTAMPTZ) AS ts
@@ -116,18 +116,26 @@ SELECT line_no, utf8_ok, is_json, top_type,
   -- so whitespace and key order do not change it and unknown extra keys do not count
   sha256(v::VARCHAR) AS log_id,
   f_id ->> '$' AS request_id, ts, f_model ->> '$' AS model,
-  -- stored with each content as its text, so every later stage reads strings; a turn
-  -- whose text is its tool calls keeps them only there
-  CASE WHEN rewritten THEN to_json(list_transform(json_extract(f_messages, '$[*]'), (item, i) -> json_merge_patch(
-    item, CASE WHEN {_calls_are_text("msgs[i]")}
-               THEN json_object('content', contents[i], 'tool_calls', NULL)
-               ELSE json_object('content', contents[i]) END)))::VARCHAR
-    ELSE f_messages::VARCHAR END AS messages, response,
+  {_stored_messages_sql()} AS messages, response,
   fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
   f_reference::VARCHAR AS reference,
   CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
 FROM typed
 """
+
+
+def _stored_messages_sql() -> str:
+    """The messages as stored: each content as its text, so every later stage reads strings.
+
+    A turn whose text is its tool calls keeps them only there (`tool_calls` dropped), so
+    no chat template renders the calls twice. Lines with only string contents keep their
+    messages as written.
+    """
+    return f"""CASE WHEN rewritten THEN to_json(list_transform(json_extract(f_messages, '$[*]'),
+    (item, i) -> json_merge_patch(item, CASE WHEN {_calls_are_text("msgs[i]")}
+      THEN json_object('content', contents[i], 'tool_calls', NULL)
+      ELSE json_object('content', contents[i]) END)))::VARCHAR
+    ELSE f_messages::VARCHAR END"""
 
 
 def _verifier_of_domain(rules: LogRules) -> str:
