@@ -76,8 +76,10 @@ def feedback_failure(feedback: dict, call: dict, domains: Collection[str]) -> di
         domain = correction["domain"]
     schema = response_schema(request)
     constraint = None if schema is None else JSON_LINE.format(schema=json_text(schema))
+    # A person's correction may rest on an image the request carried: the log keeps it, so
+    # ingest quarantines it with why, rather than training the answer on the words alone.
     return _failure_log(call, "feedback", kind="feedback", domain=domain, detail=_feedback_detail(feedback),
-                        reference=reference, messages=prompt_messages(request, constraint),
+                        reference=reference, messages=prompt_messages(request, constraint, keep_non_text=True),
                         response=reply_text(reply_message(call)))
 
 
@@ -151,12 +153,17 @@ def object_problem(text: str, schema: dict) -> str | None:
     return None if verdict.passed else _short(f"violates the schema: {verdict.detail}")
 
 
-def prompt_messages(request: dict, constraint: str | None) -> list[dict]:
+def prompt_messages(request: dict, constraint: str | None, *, keep_non_text: bool = False) -> list[dict]:
     """The request's messages as plain {role, content} pairs, with `constraint` (a system
-    line) prepended to the first system message, or as a new first one."""
-    messages = [_plain_message(m) for m in request.get("messages") or []]
+    line) prepended to the first system message, or as a new first one.
+
+    keep_non_text: a content with a part that is no text (an image) stays its list of
+    parts; otherwise only its text parts are kept, which suffices for a failure of format.
+    """
+    messages = [_plain_message(m, keep_non_text) for m in request.get("messages") or []]
     if constraint:
-        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" \
+                and isinstance(messages[0]["content"], str):
             messages[0] = {"role": "system", "content": f"{constraint}\n\n{messages[0]['content']}"}
         else:
             messages.insert(0, {"role": "system", "content": constraint})
@@ -263,13 +270,19 @@ def _feedback_detail(feedback: dict) -> str:
     return f"user feedback: {', '.join(said)}"
 
 
-def _plain_message(message):
+def _plain_message(message, keep_non_text: bool):
     if not isinstance(message, dict):
         return message  # ingest quarantines the log and says why
-    role = message.get("role")
+    role, content = message.get("role"), message.get("content")
+    if not (keep_non_text and _has_non_text_part(content)):
+        content = text_of(content) or tool_calls_text(message.get("tool_calls"))
     # `developer` is OpenAI's newer name for the system role.
-    return {"role": "system" if role == "developer" else role,
-            "content": text_of(message.get("content")) or tool_calls_text(message.get("tool_calls"))}
+    return {"role": "system" if role == "developer" else role, "content": content}
+
+
+def _has_non_text_part(content) -> bool:
+    return isinstance(content, list) and any(
+        not (isinstance(part, dict) and part.get("type") == "text") for part in content)
 
 
 def tool_calls_text(tool_calls) -> str:

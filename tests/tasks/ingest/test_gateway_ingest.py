@@ -122,6 +122,17 @@ def test_a_gateway_file_lands_as_interactions_feedback_and_failure_logs(lake_set
     assert production_failure_rate(lake_settings, "v2") == rates[1:]
 
 
+def test_a_correction_of_an_image_question_is_quarantined_with_why_and_its_call_lands(lake_settings, landing):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    asked = call(1, "2", messages=[{"role": "user", "content": [{"type": "text", "text": "How many cats?"}, image]}])
+    path = write_gateway_file(landing, [asked, feedback(1, 2, correction={"answer": "3"})])
+    con = open_lake(lake_settings)
+    result = ingest_source(con, lake_settings, str(path), CFG, "c1")
+    assert (result.interactions, result.feedback, result.rows_ok, result.rows_quarantined) == (1, 1, 0, 1)
+    assert _rows(con, "SELECT kind, reason FROM lake.quarantine") == [
+        ("wrong_type", "messages[0].content part 1 is 'image_url', not text: only text can be sampled and trained on")]
+
+
 def test_the_failure_rate_narrows_to_tags_and_splits_by_one(lake_settings, landing):
     def tagged(n: int, content: str, **metadata) -> dict:
         return call(n, content, metadata=metadata) if metadata else call(n, content)

@@ -157,6 +157,18 @@ def test_an_answer_correction_is_a_math_failure_whose_gold_passes():
     assert self_test("math", log["reference"]).passed
 
 
+def test_a_correction_of_an_image_question_keeps_the_image_for_ingest_to_refuse():
+    # the answer may rest on the image: trained on the words alone it would teach a guess
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    asked = [{"role": "system", "content": "Be terse."},
+             {"role": "user", "content": [{"type": "text", "text": "How many cats?"}, image]}]
+    log = feedback_failure(feedback({"answer": "3"}), call("2", messages=asked), DOMAINS)
+    assert log["messages"] == asked
+    texts = [{"role": "user", "content": [{"type": "text", "text": "How many"}, {"type": "text", "text": "cats?"}]}]
+    log = feedback_failure(feedback({"answer": "3"}), call("2", messages=texts), DOMAINS)
+    assert log["messages"] == [{"role": "user", "content": "How many\ncats?"}]
+
+
 def test_a_tests_correction_is_a_code_failure():
     tests = "def check(candidate):\n    assert candidate(2) == 4\n"
     log = feedback_failure(feedback({"tests": tests, "entry_point": "double"}), call("def double(x): return x"),
