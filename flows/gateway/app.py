@@ -11,16 +11,16 @@
   (admin keys only); in managed mode promotions do this on their own (flows/gateway/watch.py).
   `POST /admin/flush`: ship the spool now rather than at the next size or age mark.
 
-Every check happens before anything reaches the upstream: size (413), key (401), JSON (400),
-the key's request rate (429, flows/gateway/limits.py), shape (422). Keys are compared in
-constant time and never logged: the call log holds the request body only, and uvicorn's
-access log holds no headers.
+Every check happens before anything reaches the upstream: key (401), the key's request
+rate (429, flows/gateway/limits.py), size (413), JSON (400: flows/json_body.py), shape
+(422). The key comes first, so a caller without one costs no body read or parse. Keys are
+compared in constant time and never logged: the call log holds the request body only, and
+uvicorn's access log holds no headers. Any other path answers in OpenAI's error shape too.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from flows.gateway import calls
 from flows.gateway.config import GatewayConfig
@@ -37,6 +38,7 @@ from flows.gateway.shipping import Shipper, ShippingConfig
 from flows.gateway.spool import Spool, UnknownCall
 from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, probe
 from flows.http_server import CLIENT_IDLE_S
+from flows.json_body import parse_json_body
 from storage.settings import LakeSettings
 from tasks.ingest.gateway_records import feedback_problem
 
@@ -151,7 +153,7 @@ class Gateway:
             if len(body) > self.cfg.max_request_bytes:
                 return error(413, f"request body over {self.cfg.max_request_bytes} bytes")
         try:
-            parsed = json.loads(body)
+            parsed = parse_json_body(bytes(body))
         except ValueError as exc:
             return error(400, f"request body is not JSON: {exc}")
         return parsed if isinstance(parsed, dict) else error(400, "request body must be a JSON object")
@@ -167,6 +169,10 @@ def chat_problem(body: dict, cfg: GatewayConfig) -> str | None:
         return "every message must be an object with a `role`"
     if body.get("model") not in (None, cfg.model_name):
         return f"unknown model {body.get('model')!r}; this gateway serves {cfg.model_name!r}"
+    if body.get("stream") not in (None, True, False):
+        return f"`stream` must be true or false, got {body['stream']!r}"
+    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+        return "`stream_options` must be an object, e.g. {\"include_usage\": true}"
     return None
 
 
@@ -197,19 +203,25 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        if refused := gateway.refuse(request) or gateway.throttle(request):
+            return refused
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
-        if refused := gateway.refuse(request) or gateway.throttle(request):
-            return refused
         problem = chat_problem(body, cfg)
         if problem:
             return error(422, problem)
-        return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica)
+        return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica,
+                                    gone=request.is_disconnected)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
         return await record_feedback(gateway, request)
+
+    @app.exception_handler(HTTPException)
+    async def no_such_route(_request: Request, exc: HTTPException) -> JSONResponse:
+        return error(exc.status_code, f"{exc.detail}: this gateway serves /v1/chat/completions, /v1/models, "
+                                      "/v1/feedback and /health", code="unknown_route")
 
     add_admin_routes(app, gateway)
     return app
@@ -223,11 +235,11 @@ async def record_feedback(gateway: Gateway, request: Request) -> dict | JSONResp
     """`POST /v1/feedback`: checked, passed on to the replica that logged the call, or
     spooled here (idempotent per completion id)."""
     cfg = gateway.cfg
+    if refused := gateway.refuse(request) or gateway.throttle(request):
+        return refused
     body = await gateway.read_json(request)
     if isinstance(body, JSONResponse):
         return body
-    if refused := gateway.refuse(request) or gateway.throttle(request):
-        return refused
     problem = feedback_problem(body)
     if problem:
         return error(422, problem)
@@ -260,8 +272,9 @@ def add_admin_routes(app: FastAPI, gateway: Gateway) -> None:
         body = await gateway.read_json(request)
         if isinstance(body, JSONResponse):
             return body
-        if not isinstance(body.get("url"), str):
-            return error(422, "needs `url`: the new upstream's base URL; optional `version` and `canary_share`")
+        if not isinstance(body.get("url"), str) or not isinstance(body.get("version", ""), str):
+            return error(422, "needs `url`: the new upstream's base URL; optional `version` (a string: the "
+                              "version it serves, logged with each call) and `canary_share`")
         share = body.get("canary_share", 0)
         try:
             upstream = await gateway.external(body["url"], body.get("version") or "")

@@ -5,6 +5,13 @@ so a call a client saw answered is never lost, whatever happens to the gateway n
 A stream is forwarded chunk by chunk as the upstream produces it, except its final chunks
 (the ones carrying finish_reason or usage) and `[DONE]`, which wait for the commit: a client
 whose stream breaks before them knows its answer is incomplete, and that call is not logged.
+An error event the upstream sends mid-stream (vLLM does when generation fails, then
+`[DONE]`) reaches the client, whose SDK raises it; that call is not logged either. A
+client gone while its (unstreamed) answer was being made is not logged: it never saw it,
+and its SDK's retry is a call of its own.
+
+A reply the upstream sends with status 200 that is no JSON object (or holds what JSON
+cannot carry on: flows/json_body.py) is the upstream's failure, a 502, and not logged.
 
 The gateway mints the completion id (`chatcmpl-` + 32 hex digits, or `chatcmpl-<replica>-`
 + 32 hex digits for a named replica) instead of passing the upstream's on: ids stay unique
@@ -23,9 +30,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import datetime, timezone
 
@@ -37,6 +45,7 @@ from starlette.types import Receive, Scope, Send
 from flows.gateway.spool import Spool
 from flows.gateway.streams import StreamAssembly, is_final
 from flows.gateway.upstreams import Upstream, UpstreamPool
+from flows.json_body import parse_json_body
 
 VERSION_HEADER = "x-flywheel-model-version"
 
@@ -57,10 +66,14 @@ def new_completion_id(replica: str = "") -> str:
     return f"chatcmpl-{replica}-{uuid.uuid4().hex}" if replica else f"chatcmpl-{uuid.uuid4().hex}"
 
 
+_NAMED_ID = re.compile(r"chatcmpl-([a-z0-9]{1,32})-[0-9a-f]{32}")
+
+
 def replica_of(completion_id: str) -> str:
-    """The replica named in an id `new_completion_id` minted; "" for an unnamed gateway's."""
-    name, sep, _rest = completion_id.removeprefix("chatcmpl-").partition("-")
-    return name if sep else ""
+    """The replica named in an id `new_completion_id` minted; "" for an unnamed gateway's
+    (or for an id no gateway minted, which no replica logged)."""
+    named = _NAMED_ID.fullmatch(completion_id)
+    return named.group(1) if named else ""
 
 
 def utc_now() -> str:
@@ -117,7 +130,9 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
 
 
 async def complete(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient,
-                   spool: Spool, replica: str = "") -> JSONResponse | StreamingResponse:
+                   spool: Spool, replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None,
+                   ) -> JSONResponse | StreamingResponse:
+    """gone: says whether the client has hung up (Starlette's `request.is_disconnected`)."""
     received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id(replica)
     if request.get("stream"):
         return await _stream(request, model_name, pool, client, spool, (received, started, completion_id))
@@ -134,9 +149,22 @@ async def complete(request: dict, model_name: str, pool: UpstreamPool, client: h
             await response.aclose()
     if response.status_code != 200:
         return passthrough(response)
-    body = {**response.json(), "id": completion_id, "model": model_name}
+    try:
+        body = _reply_object(response.content)
+    except ValueError as exc:
+        return upstream_error(exc, upstream)
+    if gone is not None and await gone():
+        return JSONResponse({}, status_code=499)  # nobody to send it to; nginx's "client closed request"
+    body = {**body, "id": completion_id, "model": model_name}
     await spool.append_call(call_record(completion_id, received, upstream, request, body, False, started))
     return JSONResponse(body, headers={VERSION_HEADER: upstream.version})
+
+
+def _reply_object(content: bytes) -> dict:
+    parsed = parse_json_body(content)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"its reply is JSON but no object: {content[:200]!r}")
+    return parsed
 
 
 async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
@@ -206,7 +234,12 @@ async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: U
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = {**json.loads(data), "id": completion_id, "model": model_name}
+            chunk = _reply_object(data.encode())
+            if "error" in chunk or chunk.get("object") == "error":  # generation failed midway (vLLM)
+                log.warning("gateway: upstream %s failed mid-stream: %s", upstream.version, data[:500])
+                yield f"data: {data}\n\n".encode() + b"data: [DONE]\n\n"
+                return
+            chunk = {**chunk, "id": completion_id, "model": model_name}
             assembly.add(chunk)
             if not chunk.get("choices") and not wants_usage:
                 continue  # the usage-only chunk the gateway asked for on its own behalf

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from flows.webhook import signatures
 from flows.webhook.deliveries import DeliveryStore
 from flows.deployments import DEPLOYMENTS, IngestParams
+from flows.json_body import parse_json_body
 from flows.webhook.s3_events import EventError, landed_objects
 from storage.settings import LakeSettings
 
@@ -182,8 +183,8 @@ def delivery_key(request: Request, scope: str, timestamp: int, body: bytes) -> s
 
 def parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return parse_json_body(body)
+    except ValueError as exc:
         raise Rejection(400, f"body is not JSON: {exc}") from None
 
 

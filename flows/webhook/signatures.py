@@ -36,7 +36,9 @@ def parse_header(header: str) -> tuple[int, list[str]]:
     for part in header.split(","):
         key, _, value = part.strip().partition("=")
         if key == "t":
-            if not value.isdigit():
+            # ASCII digits only (str.isdigit takes "²" too) and no more than a clock can
+            # show: a 400-digit t would overflow the float compared with now
+            if not (value.isascii() and value.isdigit() and len(value) <= 12):
                 raise SignatureError("Flywheel-Signature: t must be unix seconds")
             timestamp = int(value)
         elif key == "v1" and value:

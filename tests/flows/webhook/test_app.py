@@ -86,6 +86,12 @@ REJECTIONS = {
     "future timestamp": (401, lambda u: post(u, "ingest", {"paths": ["x"]}, ts=int(time.time()) + 360)),
     "unknown deployment": (404, lambda u: post(u, "nightly-everything", {"paths": ["x"]})),
     "not JSON": (400, lambda u: post(u, "ingest", None, raw=b"paths=x")),
+    # each was a 500: a t too long for a float, a digit that is not ASCII, a string Prefect cannot send
+    "400-digit timestamp": (401, lambda u: httpx.post(f"{u}/hooks/ingest", json={"paths": ["x"]},
+                                                      headers={"Flywheel-Signature": "t=" + "9" * 400 + ",v1=ab"})),
+    "non-ASCII digit": (401, lambda u: httpx.post(f"{u}/hooks/ingest", json={"paths": ["x"]},
+                                                  headers=[(b"Flywheel-Signature", b"t=\xb2,v1=ab")])),
+    "lone surrogate": (400, lambda u: post(u, "ingest", None, raw=b'{"paths": ["a\\ud800"]}')),
     "unknown parameter": (422, lambda u: post(u, "ingest", {"paths": ["x"], "rm_rf": True})),
     "empty paths": (422, lambda u: post(u, "ingest", {"paths": []})),
     "wrong type": (422, lambda u: post(u, "ingest", {"paths": ["x"], "chunk_lines": "many"})),

@@ -25,6 +25,8 @@ def test_any_current_secret_and_any_v1_entry_is_accepted():
     (None, 1000, "missing"),
     ("v1=ab", 1000, "must look like"),
     ("t=abc,v1=ab", 1000, "unix seconds"),
+    ("t=\u00b2,v1=ab", 1000, "unix seconds"),  # "²".isdigit() is True
+    ("t=" + "9" * 400 + ",v1=ab", 1000, "unix seconds"),  # no float holds it
     (sign("s" * 16, 1000, BODY), 1301, "outside"),
     (sign("s" * 16, 1000, BODY), 699, "outside"),
     (sign("s" * 16, 1000, BODY + b" "), 1000, "does not match"),
