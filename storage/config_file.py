@@ -39,14 +39,27 @@ def config_path() -> Path:
     return Path(os.environ.get("FLYWHEEL_CONFIG", "flywheel.toml"))
 
 
+# The file's top-level tables, each read by its component (`load_section` and
+# tasks/cycle/config.py); a table of another name is a typo whose settings would be lost.
+SECTIONS = ("lake", "cycle", "gateway", "webhook", "schedule", "maintenance")
+
+
 def load_toml(path: Path | None = None) -> dict[str, Any]:
+    """The parsed file, {} when there is none (every setting then has its default)."""
     path = path or config_path()
     if not path.exists():
         return {}
     try:
-        return tomllib.loads(path.read_text())
+        toml = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path} (FLYWHEEL_CONFIG) cannot be read as a TOML file: {exc}") from exc
+    unknown = sorted(set(toml) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: [{unknown[0]}] is not a section flywheel reads; known: "
+                          f"{', '.join(SECTIONS)}")
+    return toml
 
 
 def load_section(cls: type[C], section: str, *, env_prefix: str | None = None,

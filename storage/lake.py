@@ -40,15 +40,25 @@ def open_lake(
     snapshot: read the lake as of that DuckLake snapshot (implies read_only).
     """
     read_only = read_only or snapshot is not None
+    if settings.home.exists() and not settings.home.is_dir():
+        raise LakeError(f"FLYWHEEL_HOME {settings.home} is a file: the lake's home must be a folder")
     if read_only and not settings.catalog_dsn and not (settings.home / "catalog.sqlite").exists():
         raise LakeError(f"no lake at {settings.home} yet (FLYWHEEL_HOME): the first write creates it "
                         "(`flywheel ingest`, `flywheel model import`, `flywheel demo`)")
-    settings.home.mkdir(parents=True, exist_ok=True)
-    # Spills go under the lake's home: DuckDB's default (./.tmp) would land in whatever
-    # folder the command ran from.
-    con = duckdb.connect(config={"threads": settings.duckdb_threads,
-                                 "memory_limit": settings.duckdb_memory_limit,
-                                 "temp_directory": str(settings.home / "tmp")})
+    try:
+        settings.home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LakeError(f"FLYWHEEL_HOME {settings.home} cannot be made the lake's folder: {exc}") from exc
+    try:
+        # Spills go under the lake's home: DuckDB's default (./.tmp) would land in whatever
+        # folder the command ran from.
+        con = duckdb.connect(config={"threads": settings.duckdb_threads,
+                                     "memory_limit": settings.duckdb_memory_limit,
+                                     "temp_directory": str(settings.home / "tmp")})
+    except duckdb.Error as exc:
+        raise LakeError(f"DuckDB refused [lake] duckdb_memory_limit = {settings.duckdb_memory_limit!r} or "
+                        f"duckdb_threads = {settings.duckdb_threads} (flywheel.toml or FLYWHEEL_DUCKDB_*): "
+                        f"{exc}") from exc
     _load_extensions(con, settings)
     con.execute("SET TimeZone = 'UTC'")
     if settings.uses_s3:
@@ -61,20 +71,20 @@ def open_lake(
         _create_s3_secret(con, settings)
     else:
         (settings.home / "data").mkdir(exist_ok=True)
-    options = [f"DATA_PATH '{_quote(settings.data_path)}'"]
+    options = [f"DATA_PATH '{quote_literal(settings.data_path)}'"]
     if read_only:
         options.append("READ_ONLY")
     if snapshot is not None:
         options.append(f"SNAPSHOT_VERSION {int(snapshot)}")
     try:
-        con.execute(f"ATTACH '{_quote(settings.catalog_uri)}' AS lake ({', '.join(options)})")
+        con.execute(f"ATTACH '{quote_literal(settings.catalog_uri)}' AS lake ({', '.join(options)})")
     except duckdb.Error as exc:
         con.close()
         raise LakeError(_explain_attach_error(exc, settings)) from exc
     con.execute("USE lake")
     # a literal, not a `?` parameter: DuckDB imports pandas to bind any Python parameter,
     # a fifth of a second on every open of the lake (`flywheel sql` included)
-    con.execute(f"SET VARIABLE flywheel_data_path = '{_quote(settings.data_path)}'")
+    con.execute(f"SET VARIABLE flywheel_data_path = '{quote_literal(settings.data_path)}'")
     if not read_only:
         ensure_tables(con)
     return con
@@ -149,7 +159,7 @@ class StagedRows:
         view = f"_flywheel_stage_{table}"
         self.con.register(view, rows)
         try:
-            self.con.execute(f"COPY {view} TO '{_quote(path)}' (FORMAT parquet, COMPRESSION zstd)")
+            self.con.execute(f"COPY {view} TO '{quote_literal(path)}' (FORMAT parquet, COMPRESSION zstd)")
         finally:
             self.con.unregister(view)
         files.append(path)
@@ -167,7 +177,7 @@ class StagedRows:
         files = self.files.setdefault(table, [])
         path = f"{self.prefix}{table}-{len(files):05d}.parquet"
         options = f"FORMAT parquet, COMPRESSION {compression}, ROW_GROUP_SIZE {int(row_group_size)}"
-        if self.con.execute(f"COPY ({query}) TO '{_quote(path)}' ({options})").fetchone()[0]:
+        if self.con.execute(f"COPY ({query}) TO '{quote_literal(path)}' ({options})").fetchone()[0]:
             files.append(path)  # an empty file is left unregistered, so it stays invisible
 
     def register(self) -> None:
@@ -225,7 +235,7 @@ def _load_extensions(con: duckdb.DuckDBPyConnection, settings: LakeSettings) -> 
     from duckdb_extensions import import_extension
 
     ext_dir = (settings.home / "duckdb_extensions").resolve()
-    con.execute(f"SET extension_directory = '{_quote(str(ext_dir))}'")
+    con.execute(f"SET extension_directory = '{quote_literal(str(ext_dir))}'")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     installed = {row[0] for row in con.execute(
@@ -256,5 +266,5 @@ def _explain_attach_error(exc: duckdb.Error, settings: LakeSettings) -> str:
     return f"could not open the lake at {where}: {text}"
 
 
-def _quote(text: str) -> str:
+def quote_literal(text: str) -> str:
     return text.replace("'", "''")

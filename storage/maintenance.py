@@ -26,13 +26,14 @@ left it, and running again picks up where it stopped.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta, timezone
 
 import duckdb
 
-from storage.config_file import lake_settings, load_section
+from storage.config_file import ConfigError, lake_settings, load_section
 from storage.lake import open_lake
 from storage.lake_turn import lake_turn
 
@@ -52,8 +53,8 @@ class MaintenanceConfig:
     def __post_init__(self) -> None:
         if self.max_file_mb < 1:
             raise ValueError(f"max_file_mb must be at least 1, got {self.max_file_mb}")
-        if self.snapshot_retention_days < 0 or self.file_grace_hours < 0:
-            raise ValueError("snapshot_retention_days and file_grace_hours must be >= 0 (0 days: keep every "
+        if not (0 <= self.snapshot_retention_days < math.inf and 0 <= self.file_grace_hours < math.inf):
+            raise ValueError("snapshot_retention_days and file_grace_hours must be finite and >= 0 (0 days: keep every "
                              f"snapshot), got {self.snapshot_retention_days} and {self.file_grace_hours}")
 
 
@@ -110,7 +111,10 @@ def maintain_configured_lake(**overrides: float) -> MaintenanceReport:
     """The upkeep on the lake flywheel.toml names, by its `[maintenance]` policy with
     `overrides` (field=value, None = as configured): what the flow and the CLI run."""
     cfg = load_section(MaintenanceConfig, "maintenance")
-    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as exc:  # an option's value, judged by the config's own checks
+        raise ConfigError(str(exc)) from None
     con = open_lake(lake_settings())
     try:
         return maintain_lake(con, cfg)

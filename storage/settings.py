@@ -54,6 +54,8 @@ class LakeSettings:
                     "lowercase letters, digits, '.' and '-', starting and ending with a letter or digit")
             if not (self.s3_access_key and self.s3_secret_key):
                 raise ValueError("an S3 endpoint needs FLYWHEEL_S3_ACCESS_KEY and FLYWHEEL_S3_SECRET_KEY")
+        if self.duckdb_threads < 1:
+            raise ValueError(f"duckdb_threads must be at least 1, got {self.duckdb_threads}")
         for name in ("lake_prefix", "landing_prefix"):
             value = getattr(self, name)
             if value.startswith("/") or not value.endswith("/"):

@@ -5,7 +5,7 @@ from typing import Annotated
 
 import duckdb
 import typer
-from rich.console import Console
+from flows.cli.show import error_line, rich_console
 
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
@@ -19,14 +19,14 @@ def curate_command(
     from tasks.curate.curation import curate
     from tasks.cycle.config import cycle_config
 
-    console = Console()
+    console = rich_console()
     try:
         cfg = cycle_config().curate
         with open_lake(lake_settings()) as con:
             counts = curate(con, cfg, cycle_id)
             covered = covered_item_count(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     console.print(f"curated {counts.logs:,} logs in {counts.seconds:.1f}s: kept {counts.kept:,} · "
                   f"duplicate {counts.duplicate:,} · near duplicate {counts.near_duplicate:,} · "

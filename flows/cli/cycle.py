@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from flows.cli.show import error_line, plain, rich_console
 
 
 def cycle_command(
@@ -20,16 +20,17 @@ def cycle_command(
         "Default: \\[cycle.rollout] max_staleness."))] = None,
 ) -> None:
     """Run one flywheel cycle: ingest -> curate -> (rollout -> verify -> train) x rounds -> evaluate -> promote."""
-    from storage.config_file import ConfigError
+    from storage.config_file import ConfigError, lake_settings
     from tasks.cycle.config import cycle_config
+    from tasks.release.models import production_problem
 
     try:
         cycle_config()  # fail fast on a bad [cycle] in flywheel.toml, before Prefect starts
     except ConfigError as exc:
-        Console().print(f"[red]error:[/red] {exc}")
+        rich_console().print(error_line(exc))
         raise typer.Exit(2) from None
-    if cycle_id is None and (problem := _no_starting_model()):  # a resumed cycle knows its model
-        Console().print(f"[red]error:[/red] {problem}")
+    if cycle_id is None and (problem := production_problem(lake_settings())):  # a resumed cycle knows its model
+        rich_console().print(error_line(problem))
         raise typer.Exit(1)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.flywheel import CycleParams, flywheel_cycle
@@ -37,27 +38,7 @@ def cycle_command(
     summary = flywheel_cycle(CycleParams(cycle_id=cycle_id, landing=landing or [], rounds=rounds,
                                          tasks_per_round=tasks_per_round, samples_per_task=samples_per_task,
                                          max_staleness=max_staleness))
-    Console().print(summary)
-
-
-def _no_starting_model() -> str | None:
-    """Why a new cycle could not start (no lake, no production model), else None: said
-    before Prefect starts, not as a failed flow run's traceback."""
-    from storage.config_file import lake_settings
-    from storage.lake import LakeError, open_lake
-    from tasks.release.models import ModelNotFound, production_version
-
-    try:
-        con = open_lake(lake_settings(), read_only=True)
-    except LakeError as exc:
-        return str(exc)
-    try:
-        production_version(con)
-    except ModelNotFound as exc:
-        return str(exc)
-    finally:
-        con.close()
-    return None
+    rich_console().print(summary)
 
 
 def model_register_command(
@@ -65,17 +46,21 @@ def model_register_command(
     reason: Annotated[str, typer.Option(help="Recorded in models.reason.")] = "registered by hand",
 ) -> None:
     """Record a model folder as the production model the next cycle starts from."""
-    from storage.config_file import lake_settings
-    from storage.lake import open_lake
+    from storage.config_file import ConfigError, lake_settings
+    from storage.lake import LakeError, open_lake
     from tasks.release.models import ModelFolderError, register_model
 
-    settings = lake_settings()
-    con = open_lake(settings)
+    try:
+        settings = lake_settings()
+        con = open_lake(settings)
+    except (ConfigError, LakeError) as exc:
+        rich_console().print(error_line(exc))
+        raise typer.Exit(2) from None
     try:
         version = register_model(con, settings, model_dir, reason)
     except ModelFolderError as exc:
-        Console().print(f"[red]error:[/red] {exc}")
+        rich_console().print(error_line(exc))
         raise typer.Exit(1) from None
     finally:
         con.close()
-    Console().print(f"production model: {version}")
+    rich_console().print(f"production model: {plain(version)}")

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import duckdb
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from flows.cli.show import cell, error_line, plain, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 
@@ -27,7 +27,7 @@ def add_command(
     from tasks.curate.evalsets import EvalsetError, register_evalset
     from tasks.cycle.config import cycle_config
 
-    console = Console()
+    console = rich_console()
     try:
         verifiers = cycle_config().curate.verifiers  # the domain map curation decontaminates with
         # closed on a refused file too: a later open in the same process (a test, a notebook)
@@ -35,12 +35,12 @@ def add_command(
         with open_lake(lake_settings()) as con:
             result = register_evalset(con, name, file, cycle_id=cycle_id, verifiers=verifiers)
     except (EvalsetError, ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     if result.added:
-        console.print(f"[green]registered[/green] {name} version {result.eval_version[:12]}: {result.items:,} items")
+        console.print(f"[green]registered[/green] {plain(name)} version {result.eval_version[:12]}: {result.items:,} items")
     else:
-        console.print(f"[yellow]already registered[/yellow] {name} version {result.eval_version[:12]} "
+        console.print(f"[yellow]already registered[/yellow] {plain(name)} version {result.eval_version[:12]} "
                       f"({result.items:,} items): nothing written")
 
 
@@ -49,15 +49,15 @@ def list_command() -> None:
     """Every registered version of every evaluation set."""
     from tasks.curate.evalsets import list_evalsets
 
-    console = Console()
+    console = rich_console()
     try:
-        with open_lake(lake_settings()) as con:
+        with open_lake(lake_settings(), read_only=True) as con:  # a list writes nothing, a lake too
             rows = list_evalsets(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     table = Table("eval_set", "eval_version", "items", "added_at", "latest")
     for r in rows:
-        table.add_row(r["eval_set"], r["eval_version"][:12], f"{r['items']:,}", str(r["added_at"]),
-                      "yes" if r["latest"] else "")
+        table.add_row(*map(cell, (r["eval_set"], r["eval_version"][:12], f"{r['items']:,}", r["added_at"],
+                                  "yes" if r["latest"] else "")))
     console.print(table if rows else "no evaluation sets registered")

@@ -35,6 +35,34 @@ def gateway_command(
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if problem := _cannot_serve(cfg, settings):
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(1)
     # graceful stop (SIGTERM, Ctrl-C) runs the app's shutdown: the spool is shipped before exit
     uvicorn.run(app, host=cfg.host, port=cfg.port, access_log=access_log, log_level="info",
                 timeout_graceful_shutdown=30, timeout_keep_alive=KEEP_ALIVE_S)
+
+
+def _cannot_serve(cfg, settings) -> str | None:
+    """Why the gateway would have nothing to serve (its upstream not answering; no lake or
+    no production model in managed mode), else None: said in one line before uvicorn
+    starts, not as its startup traceback. The start checks again, and says so too."""
+    import asyncio
+
+    import httpx
+
+    from flows.gateway.upstreams import UpstreamError, probe
+    from tasks.release.models import production_problem
+
+    if not cfg.upstream:
+        return production_problem(settings)
+
+    async def probed() -> None:
+        async with httpx.AsyncClient() as client:
+            await probe(client, cfg.upstream.rstrip("/").removesuffix("/v1"))
+
+    try:
+        asyncio.run(probed())
+    except UpstreamError as exc:
+        return f"{exc}; start it first, or leave out --upstream to serve the production model"
+    return None

@@ -5,7 +5,7 @@ import os
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from flows.cli.show import error_line, plain, rich_console
 
 from storage.config_file import ConfigError, lake_settings
 
@@ -21,12 +21,12 @@ def ingest_command(
     from tasks.cycle.config import cycle_config
     from tasks.ingest.sources import IngestError, discover_sources
 
-    console = Console()
+    console = rich_console()
     try:
         cycle_config()  # a bad flywheel.toml fails here, before Prefect starts
         discover_sources(paths, lake_settings())
     except (IngestError, ObjectStoreError, ConfigError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.ingest import ingest_flow
@@ -34,7 +34,7 @@ def ingest_command(
     results = ingest_flow(paths, cycle_id=cycle_id, chunk_lines=chunk_lines)
     for r in results:
         if r["skipped"]:
-            console.print(f"[yellow]already ingested[/yellow] {r['source_uri']} (batch {r['batch_id'][:12]}): nothing written")
+            console.print(f"[yellow]already ingested[/yellow] {plain(r['source_uri'])} (batch {r['batch_id'][:12]}): nothing written")
         else:
-            console.print(f"[green]ingested[/green] {r['source_uri']} (batch {r['batch_id'][:12]}): "
+            console.print(f"[green]ingested[/green] {plain(r['source_uri'])} (batch {r['batch_id'][:12]}): "
                           f"{r['rows_ok']:,} rows, {r['rows_quarantined']:,} quarantined, {r['seconds']:.1f}s")

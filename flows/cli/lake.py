@@ -10,7 +10,7 @@ from typing import Annotated
 
 import duckdb
 import typer
-from rich.console import Console
+from flows.cli.show import error_line, rich_console
 
 from storage.config_file import ConfigError
 from storage.lake import LakeError
@@ -29,14 +29,14 @@ def maintain_command(
     """Merge small files, write inlined rows out, delete merged-away and orphaned files."""
     from storage.maintenance import maintain_configured_lake
 
-    console = Console()
+    console = rich_console()
     try:
         report = maintain_configured_lake(snapshot_retention_days=retention_days, file_grace_hours=grace_hours)
     except (ConfigError, LakeError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     except duckdb.Error as exc:
-        console.print(f"[red]error:[/red] maintenance stopped, nothing half done (run it again): {exc}")
+        console.print(error_line(f"maintenance stopped, nothing half done (run it again): {exc}"))
         raise typer.Exit(1) from None
     console.print(f"data files read by the newest snapshot: {report.files_before:,} -> {report.files_after:,} "
                   f"({report.files_merged:,} merged into {report.files_written:,}; inlined rows of "

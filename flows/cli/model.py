@@ -14,7 +14,7 @@ from typing import Annotated
 
 import duckdb
 import typer
-from rich.console import Console
+from flows.cli.show import cell, error_line, plain, rich_console
 from rich.table import Table
 
 from storage.config_file import ConfigError, lake_settings
@@ -36,7 +36,7 @@ def model_import_command(
     from tasks.release.promote import ModelError, promote
     from trainer.model_import import ModelImportError
 
-    console = Console()
+    console = rich_console()
     try:
         con = open_lake(lake_settings())
         try:
@@ -48,22 +48,22 @@ def model_import_command(
         finally:
             con.close()
     except (ModelImportError, ModelError, OSError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     status, parameters, context, uri = row
     known = "" if new else " (already imported: nothing changed)"
-    console.print(f"{version}{known}\n  status {status}, {parameters / 1e6:.1f}M parameters, "
-                  f"context {context} tokens\n  {uri}")
+    console.print(f"{plain(version)}{known}\n  status {status}, {parameters / 1e6:.1f}M parameters, "
+                  f"context {context} tokens\n  {plain(uri)}")
 
 
 def model_list_command() -> None:
     """Versions, parents, statuses and headline pass@1 of every model."""
     from tasks.release.promote import list_models
 
-    console = Console()
+    console = rich_console()
     try:
         con = open_lake(lake_settings(), read_only=True)
         try:
@@ -71,15 +71,15 @@ def model_list_command() -> None:
         finally:
             con.close()
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     table = Table(title="models")
     for name in ("version", "parent", "status", "pass@1", "evaluated in", "reason"):
         table.add_column(name, overflow="fold")
     for r in rows:
         score = "-" if r["pass@1"] is None else f"{r['pass@1']:.3f}"
-        table.add_row(r["policy_version"], r["parent_version"] or "-", r["status"], score,
-                      r["evaluated_in"] or "-", r["reason"] or "")
+        table.add_row(*map(cell, (r["policy_version"], r["parent_version"] or "-", r["status"], score,
+                                  r["evaluated_in"] or "-", r["reason"] or "")))
     console.print(table if rows else "no models yet: `flywheel model register DIR` makes one production (`flywheel demo` builds one)")
 
 
@@ -90,7 +90,7 @@ def model_promote_command(
     """Make VERSION the production model by hand (override or rollback), recorded as manual."""
     from tasks.release.promote import ModelError, promote
 
-    console = Console()
+    console = rich_console()
     try:
         con = open_lake(lake_settings())
         try:
@@ -98,13 +98,13 @@ def model_promote_command(
         finally:
             con.close()
     except ModelError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     if not result.changed:
-        console.print(f"{version} already is the production model; nothing changed")
+        console.print(f"{plain(version)} already is the production model; nothing changed")
         return
     retired = ", ".join(result.previous) or "none"
-    console.print(f"{version} is now the production model (manual override); retired: {retired}")
+    console.print(f"{plain(version)} is now the production model (manual override); retired: {plain(retired)}")

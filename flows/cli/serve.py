@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
+from flows.cli.show import error_line, plain, rich_console
 
 from storage.config_file import ConfigError, lake_settings, load_section
 
@@ -40,32 +40,32 @@ def serve_command(
     """Register flywheel's deployments and schedules with the Prefect server and run a worker."""
     from flows.deployments import POOLS, ScheduleConfig
 
-    console = Console()
+    console = rich_console()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if pool not in (*POOLS, "none"):
-        console.print(f"[red]error:[/red] --pool must be cpu, gpu or none, got {pool!r}")
+        console.print(error_line(f"--pool must be cpu, gpu or none, got {pool!r}"))
         raise typer.Exit(2)
     api_url = _api_url()
     if not api_url:
-        console.print(f"[red]error:[/red] {NO_SERVER}")
+        console.print(error_line(NO_SERVER))
         raise typer.Exit(2)
     try:
         schedule = load_section(ScheduleConfig, "schedule")
         settings = lake_settings()
     except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from None
     unreachable = asyncio.run(_check_server())
     if unreachable:
-        console.print(f"[red]error:[/red] Prefect server at {api_url} is not reachable: {unreachable}")
+        console.print(error_line(f"Prefect server at {api_url} is not reachable: {unreachable}"))
         raise typer.Exit(2)
     if register:
         for line in register_deployments(schedule, settings, str(Path.cwd())):
-            console.print(line)
+            console.print(line)  # flywheel's own words, with their markup
     if pool != "none":
         from prefect.workers.process import ProcessWorker
 
-        console.print(f"worker for pool [bold]{pool}[/bold] polling {api_url}")
+        console.print(f"worker for pool [bold]{pool}[/bold] polling {plain(api_url)}")
         asyncio.run(ProcessWorker(work_pool_name=pool).start(with_healthcheck=healthcheck))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from flows.cli.show import plain, rich_console
 from rich.table import Table
 
 
@@ -91,9 +91,9 @@ def print_demo_table(rows: list[dict], home: Path) -> None:
                       f"{overhead:.0f}s ({overhead / cycle_s:.0%})" if summary and cycle_s else "")
     # Wide enough for the per-domain rates and per-stage seconds even when stdout is a log
     # file (rich assumes 80).
-    console = Console(width=max(Console().width, 240))
+    console = rich_console(width=max(rich_console().width, 240))
     console.print(table)
-    console.print(f"reports: {home / 'reports'}")
+    console.print(f"reports: {plain(home / 'reports')}")
 
 
 def domain_rate(rate: dict | None) -> str:

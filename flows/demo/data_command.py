@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from flows.cli.show import plain, rich_console
 
 
 def demo_data_command(
@@ -24,10 +24,10 @@ def demo_data_command(
     started = time.perf_counter()
     manifest = generate_demo_data(out, config)
     seconds = time.perf_counter() - started
-    console = Console()
-    console.print(f"wrote {manifest.logs:,} log lines in {len(manifest.files)} files under {out / 'landing'} "
+    console = rich_console()
+    console.print(f"wrote {manifest.logs:,} log lines in {len(manifest.files)} files under {plain(out / 'landing')} "
                   f"({manifest.logs / seconds:,.0f} lines/s)")
     console.print(f"  clean {len(manifest.clean):,} · exact duplicates {len(manifest.exact_duplicates):,} · "
                   f"near duplicates {len(manifest.near_duplicates):,} · eval leaks {len(manifest.eval_leaks):,} · "
                   f"malformed {len(manifest.malformed):,}")
-    console.print(f"  eval sets in {out / 'evalsets'}, manifest {out / 'manifest.json'}")
+    console.print(f"  eval sets in {plain(out / 'evalsets')}, manifest {plain(out / 'manifest.json')}")

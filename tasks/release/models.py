@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from storage.lake import append_rows, transaction
+from storage.lake import LakeError, append_rows, open_lake, transaction
 from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
@@ -67,6 +67,22 @@ def production_version(con: duckdb.DuckDBPyConnection) -> str:
         raise ModelNotFound("no production model: register one with `flywheel model register DIR` "
                             "(`make demo` builds and registers the tiny demo model)")
     return row[0]
+
+
+def production_problem(settings: LakeSettings) -> str | None:
+    """Why there is no production model to start from (no lake, none registered), else None:
+    for commands to say in one line before they start what needs one (a cycle, the gateway)."""
+    try:
+        con = open_lake(settings, read_only=True)
+    except LakeError as exc:
+        return str(exc)
+    try:
+        production_version(con)
+    except ModelNotFound as exc:
+        return str(exc)
+    finally:
+        con.close()
+    return None
 
 
 def newest_candidate(con: duckdb.DuckDBPyConnection) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from flows.deployments import ScheduleConfig
 from flows.webhook.app import WebhookConfig
-from storage.config_file import ConfigError, lake_settings, load_section
+from storage.config_file import ConfigError, lake_settings, load_section, load_toml
 from tasks.cycle.config import cycle_config_from
 
 
@@ -33,6 +33,7 @@ def test_the_lake_keeps_its_short_variable_names_and_they_win(monkeypatch):
     ({"lake": {"duckdb_threads": "2"}}, r"^lake\.duckdb_threads = '2': expected an integer, not a string"),
     ({"lake": {"s3_endpoint": "http://minio:9000"}}, r"^lake: s3_endpoint must be host:port without a scheme"),
     ({"lake": 3}, r"^lake must be a table \(\[lake\] in flywheel\.toml\), not an integer"),
+    ({"lake": {"duckdb_threads": 0}}, r"^lake: duckdb_threads must be at least 1, got 0"),
 ])
 def test_a_bad_lake_setting_names_its_path(toml, message):
     with pytest.raises(ConfigError, match=message):
@@ -64,3 +65,17 @@ def test_a_list_setting_reads_from_a_variable_as_json():
     assert cycle_config_from({}, env=env).ingest.rules.known_verifiers == ("json_schema", "exact", "code", "math")
     with pytest.raises(ConfigError, match=r"^FLYWHEEL_CYCLE_INGEST_RULES_KNOWN_VERIFIERS = 'math': expected JSON"):
         cycle_config_from({}, env={"FLYWHEEL_CYCLE_INGEST_RULES_KNOWN_VERIFIERS": "math"})
+
+
+def test_a_config_file_that_cannot_be_used_is_refused_with_why(tmp_path):
+    misspelt = tmp_path / "misspelt.toml"
+    misspelt.write_text("[lak]\nduckdb_threads = 1\n")  # its settings would have been lost in silence
+    with pytest.raises(ConfigError, match=r"\[lak\] is not a section flywheel reads; known: lake, cycle,"):
+        load_toml(misspelt)
+    with pytest.raises(ConfigError, match="cannot be read as a TOML file: .*Is a directory"):
+        load_toml(tmp_path)
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes("[cycle.gate]\n# Schwelle für\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="cannot be read as a TOML file: 'utf-8' codec"):
+        load_toml(latin1)
+    assert load_toml(tmp_path / "none.toml") == {}  # no file: every default

@@ -145,6 +145,18 @@ def test_settings_refuse_unusable_values():
         LakeSettings(s3_endpoint="127.0.0.1:9000")
 
 
+def test_a_home_that_cannot_hold_the_lake_is_a_clear_error(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    for read_only in (False, True):
+        with pytest.raises(LakeError, match="is a file: the lake's home must be a folder"):
+            open_lake(LakeSettings(home=a_file), read_only=read_only)
+    with pytest.raises(LakeError, match="cannot be made the lake's folder"):
+        open_lake(LakeSettings(home=a_file / "below"))
+    with pytest.raises(LakeError, match="DuckDB refused .*duckdb_memory_limit = 'lots'.*Memory must have a number"):
+        open_lake(LakeSettings(home=tmp_path / "home", duckdb_memory_limit="lots"))
+
+
 _PG_WRITER = textwrap.dedent("""
     import sys, json, pyarrow as pa
     from pathlib import Path

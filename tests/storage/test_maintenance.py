@@ -94,6 +94,9 @@ def test_maintenance_config_refuses_what_cannot_be_meant():
         MaintenanceConfig(max_file_mb=0)
     with pytest.raises(ValueError, match="keep every snapshot"):
         MaintenanceConfig(snapshot_retention_days=-1)
+    for endless in (float("nan"), float("inf")):  # a NaN reached int() and crashed the maintenance
+        with pytest.raises(ValueError, match="must be finite and >= 0"):
+            MaintenanceConfig(file_grace_hours=endless)
 
 
 def test_the_command_reports_what_it_did(tmp_path, monkeypatch):

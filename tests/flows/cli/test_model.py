@@ -38,6 +38,11 @@ def test_list_then_promote_by_hand(tmp_path, monkeypatch):
     missing = runner.invoke(app, ["model", "promote", "nope"])
     assert missing.exit_code == 1 and "no model 'nope'" in missing.output
 
+    # a reason is the user's text: rich once read "[/x]" in it as markup, and every later list crashed
+    assert runner.invoke(app, ["model", "promote", "base", "--reason", "[/x] back to [i] base :x:"]).exit_code == 0
+    listed = runner.invoke(app, ["model", "list"])
+    assert listed.exit_code == 0 and "manual override: [/x] back to [i] base :x:" in listed.output, listed.output
+
 
 def test_before_anything_is_written_the_commands_say_so_and_create_nothing(tmp_path, monkeypatch):
     home = tmp_path / "home"

@@ -60,6 +60,11 @@ def test_snapshot_reads_the_past(home):
     "DROP TABLE failure_logs", "DELETE FROM failure_logs", "INSERT INTO quarantine SELECT * FROM quarantine",
     "UPDATE models SET status = 'production'", "CREATE TABLE x AS SELECT 1", "COPY failure_logs TO 'x.csv'",
     "CALL ducklake_expire_snapshots('lake', versions => [1])", "SELECT 1; DROP TABLE failure_logs",
+    # DuckLake's maintenance is a SELECT away; cleanup deleted files before the catalog refused its commit
+    "SELECT * FROM ducklake_cleanup_old_files('lake', cleanup_all => true)",
+    "EXPLAIN ANALYZE SELECT * FROM DUCKLAKE_DELETE_ORPHANED_FILES('lake', cleanup_all => true)",
+    "WITH x AS (SELECT * FROM ducklake_merge_adjacent_files('lake')) SELECT count(*) FROM x",
+    "SELECT * FROM query('SELECT * FROM ducklake_cleanup_old_files(''lake'')')",
 ])
 def test_writes_are_refused_with_a_clear_message(home, statement):
     result = runner.invoke(app, ["sql", statement])
@@ -72,3 +77,35 @@ def test_writes_are_refused_with_a_clear_message(home, statement):
 def test_a_bad_query_is_an_error_not_a_traceback(home):
     result = runner.invoke(app, ["sql", "SELECT nope FROM failure_logs"])
     assert result.exit_code == 2 and "query failed" in result.output and "Traceback" not in result.output
+
+
+def test_maintenance_a_select_calls_deletes_no_file(home, tmp_path):
+    assert runner.invoke(app, ["lake", "maintain"]).exit_code == 0  # merged-away files wait out their grace
+    files = sorted((tmp_path / "home" / "data").rglob("*.parquet"))
+    scheduled = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM ducklake_list_files('lake', 'failure_logs')",
+                                    "-f", "json"])
+    assert json.loads(scheduled.output)["n"] < len(files)  # some files are only waiting to be deleted
+    result = runner.invoke(app, ["sql", "SELECT * FROM ducklake_cleanup_old_files('lake', cleanup_all => true)"])
+    assert result.exit_code == 2 and "`flywheel lake maintain` runs DuckLake's maintenance" in " ".join(
+        result.output.split())
+    assert sorted((tmp_path / "home" / "data").rglob("*.parquet")) == files
+
+
+def test_text_prints_as_written_never_as_markup(home):
+    result = runner.invoke(app, ["sql", "SELECT 'xs[i + 1] - xs[i]' AS \"d[i]\", '[/x]' AS q, ':x: [red]' AS r"])
+    assert result.exit_code == 0, result.output
+    for text in ("xs[i + 1] - xs[i]", "d[i]", "[/x]", ":x: [red]"):
+        assert text in result.output
+
+
+def test_json_lines_keep_every_column_and_stay_json(home):
+    query = ("SELECT 1 AS x, 2 AS x, 'nan'::DOUBLE AS n, '-inf'::DOUBLE AS i, from_hex('AA5C41') AS b, "
+             "[1.5, 'nan'::DOUBLE] AS l")
+    line = runner.invoke(app, ["sql", query, "-f", "json"]).output
+
+    def refuse(name):
+        raise ValueError(f"{name} in the output")
+
+    assert json.loads(line, parse_constant=refuse) == {"x": 1, "x_1": 2, "n": None, "i": None, "b": "\\xAA\\x5CA",
+                                                       "l": [1.5, None]}
+    assert runner.invoke(app, ["sql", "SELECT from_hex('AA5C41') AS b", "-f", "csv"]).output == "b\n\\xAA\\x5CA\n"
