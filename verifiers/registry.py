@@ -79,6 +79,11 @@ class VerifierConfig:
 
     def verifier_for(self, domain: str | None, explicit: str | None = None) -> str:
         """The verifier name for a row: its explicit choice, else its domain's mapping."""
+        # Rows come from user files: a list or an object here must be a ValueError the
+        # caller turns into a verdict or a refusal, not a TypeError from the dict lookup.
+        for key, value in (("verifier", explicit), ("domain", domain)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{key} must be a string, got {type(value).__name__}")
         if explicit is not None:
             if explicit not in VERIFIERS:
                 raise ValueError(f"unknown verifier {explicit!r}; known: {sorted(VERIFIERS)}")
@@ -109,6 +114,21 @@ def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None
         # input must cost one verdict, not the whole verification batch. It is marked
         # sandbox_error (infrastructure), so it is kept out of advantages, not scored 0.
         return failed("sandbox_error", f"verifier {name} raised {type(error).__name__}: {error}")
+
+
+def reference_problem(name: str, reference: dict) -> str | None:
+    """Why verifier `name` could never score against `reference` (its shape, then the
+    verifier's own spec check), or None. Runs no user code, so it is cheap enough for
+    every item of an evaluation file; curation's self-test still runs the gold answer."""
+    record = VERIFIERS.get(name)
+    if record is None:
+        return f"unknown verifier {name!r}; known: {sorted(VERIFIERS)}"
+    if not isinstance(reference, dict):
+        return f"needs a JSON object, got {type(reference).__name__}"
+    problem = record.reference_problem(reference)
+    if problem is None and record.spec_problem is not None:
+        problem = record.spec_problem(reference)
+    return problem
 
 
 def gold_completion(name: str, spec: dict) -> str | None:

@@ -4,8 +4,10 @@ Each input line is {"verifier": ..., "spec": {...}, "completion": "..."} (or "do
 instead of "verifier"; an optional "prompt", the task's prompt, which math's hacking
 rules read for the question's numbers; an optional "id" or "rollout_id" is echoed). Each output line is
 that row's verdict (reward, passed, status, components, detail, verifier, latency_ms),
-in input order. A line that is not a JSON object becomes a format_error verdict line
-saying why: one bad line never stops the file. Blank lines are skipped.
+in input order. A line that is not UTF-8, not a JSON object, or whose "verifier" or
+"domain" is not a string becomes a format_error verdict line saying why: one bad line
+never stops the file. Blank lines are skipped. An --out path that cannot be written
+(no such folder, a directory) is refused before anything is scored.
 
 Serial by default. `--dask` fans out on DASK_SCHEDULER_ADDRESS, else on a LocalCluster
 started for the call; its worker processes re-import this CLI (multiprocessing spawn),
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,10 +33,13 @@ if TYPE_CHECKING:
     from verifiers.registry import VerifierConfig
 
 
-def parse_line(line: str, line_no: int) -> tuple[dict | None, dict | None]:
+def parse_line(line: bytes, line_no: int) -> tuple[dict | None, dict | None]:
     """(row, None) for a usable line, else (None, the error verdict line)."""
     try:
-        row = json.loads(line)
+        # Decoded line by line, as ingest reads logs: bad bytes cost their line only.
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        reason = f"line {line_no}: not valid UTF-8 ({error.reason} at byte {error.start + 1})"
     except json.JSONDecodeError as error:
         reason = f"line {line_no}: not JSON ({error.msg} at column {error.colno})"
     else:
@@ -45,7 +51,26 @@ def parse_line(line: str, line_no: int) -> tuple[dict | None, dict | None]:
     return None, verdict_line
 
 
-def verify_lines(lines: list[str], config: VerifierConfig, *, dask: bool, batch_size: int,
+def read_lines(path: Path) -> list[bytes]:
+    """The file's lines, undecoded (each is decoded on its own), without a leading BOM:
+    it is no part of line 1 (Windows tools write one)."""
+    data = path.read_bytes()
+    return data.removeprefix(b"\xef\xbb\xbf").splitlines()
+
+
+def out_problem(out: Path) -> str | None:
+    """Why verdicts cannot be written to `out`, or None: asked before any scoring, so a
+    typo in the path does not cost the whole run's work."""
+    if out.is_dir():
+        return f"--out {out} is a directory; name a file in it"
+    if not out.parent.is_dir():
+        return f"--out {out}: folder {out.parent} does not exist"
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        return f"--out {out}: not writable"
+    return None
+
+
+def verify_lines(lines: list[bytes], config: VerifierConfig, *, dask: bool, batch_size: int,
                  workers: int, progress: bool) -> list[dict]:
     """One output dict per non-blank input line, in order."""
     from tasks.round.scoring import verify_rollouts, verify_row
@@ -71,6 +96,10 @@ def verify_command(
     """Verify completions from a JSONL file; one verdict line per input line, in order."""
     from tasks.cycle.config import cycle_config
 
+    problem = out_problem(out) if out is not None else None
+    if problem:
+        typer.echo(f"error: {problem}", err=True)
+        raise typer.Exit(2)
     if dask:
         # This terminal is for verdicts and the progress bar, not the scheduler's diary.
         logging.getLogger("distributed").setLevel(logging.WARNING)
@@ -79,8 +108,7 @@ def verify_command(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    lines = input_path.read_text(encoding="utf-8-sig").splitlines()  # a leading BOM is no part of line 1
-    results = verify_lines(lines, config, dask=dask, batch_size=batch_size, workers=workers,
+    results = verify_lines(read_lines(input_path), config, dask=dask, batch_size=batch_size, workers=workers,
                            progress=dask and out is not None)
     text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in results)
     if out is None:

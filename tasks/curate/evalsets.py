@@ -3,7 +3,10 @@
 A version is the sha256 of the file's bytes (`eval_version`): registering the same
 bytes again writes nothing, changed bytes add a new version beside the old ones, which
 stay queryable (`SELECT ... WHERE eval_version = ...`). Rows are `{"id", "domain",
-"prompt", "reference", "verifier"?}` where the prompt is a string or chat messages.
+"prompt", "reference", "verifier"?}` where the id is a string or an integer (stored as
+text), the prompt is a string or chat messages and the reference has the shape its
+verifier scores (`verifiers.registry.reference_problem`). A bad line refuses the whole
+file, naming the line: a set is registered whole or not at all.
 Decontamination compares against every version ever registered: an item that was in an
 old version may still be in someone's evaluation.
 
@@ -23,7 +26,7 @@ import pyarrow as pa
 
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
-from verifiers.registry import VerifierConfig
+from verifiers.registry import VerifierConfig, reference_problem
 
 
 class EvalsetError(ValueError):
@@ -59,34 +62,48 @@ def _messages(prompt, where: str) -> list[dict]:
 def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]:
     """One dict per non-blank line, with the columns of eval_items (minus bookkeeping)."""
     rows, seen = [], set()
-    # utf-8-sig: a leading BOM (Windows tools write one) is no part of line 1
-    for line_no, line in enumerate(data.decode("utf-8-sig").splitlines(), start=1):
+    # bytes, split before decoding: a bad byte is refused with its line's number. A leading
+    # BOM (Windows tools write one) is no part of line 1.
+    for line_no, line in enumerate(data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{name} line {line_no}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise EvalsetError(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("id"), (str, int)):
-            raise EvalsetError(f'{where}: expected an object with an "id"')
-        if not isinstance(row.get("reference"), dict):
-            raise EvalsetError(f'{where}: "reference" must be a JSON object')
-        item_id = str(row["id"])
-        if item_id in seen:
-            raise EvalsetError(f"{where}: id {item_id!r} appears twice")
-        seen.add(item_id)
-        messages = _messages(row.get("prompt"), where)
-        try:
-            verifier = verifiers.verifier_for(row.get("domain"), row.get("verifier"))
-        except ValueError as exc:
-            raise EvalsetError(f"{where}: {exc}") from None
-        rows.append({"item_id": item_id, "domain": row.get("domain"), "prompt": prompt_text(messages),
-                     "messages": json.dumps(messages), "reference": json.dumps(row["reference"]),
-                     "verifier": verifier})
+        row = _parse_item(line, where, verifiers)
+        if row["item_id"] in seen:
+            raise EvalsetError(f"{where}: id {row['item_id']!r} appears twice")
+        seen.add(row["item_id"])
+        rows.append(row)
     if not rows:
         raise EvalsetError(f"{name}: no items")
     return rows
+
+
+def _parse_item(line: bytes, where: str, verifiers: VerifierConfig) -> dict:
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise EvalsetError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start + 1})") from None
+    except json.JSONDecodeError as exc:
+        raise EvalsetError(f"{where}: not JSON ({exc.msg})") from None
+    # bool is an int to Python, but `true` is no id: it would be stored as "True".
+    if (not isinstance(row, dict) or not isinstance(row.get("id"), (str, int))
+            or isinstance(row.get("id"), bool)):
+        raise EvalsetError(f'{where}: expected an object with an "id" (a string or an integer)')
+    if not isinstance(row.get("reference"), dict):
+        raise EvalsetError(f'{where}: "reference" must be a JSON object')
+    item_id = str(row["id"])
+    messages = _messages(row.get("prompt"), where)
+    try:
+        verifier = verifiers.verifier_for(row.get("domain"), row.get("verifier"))
+    except ValueError as exc:
+        raise EvalsetError(f"{where}: {exc}") from None
+    # Checked here, not at evaluation: an item its verifier cannot score would otherwise
+    # be registered and then score every sample of every model as a format_error.
+    problem = reference_problem(verifier, row["reference"])
+    if problem:
+        raise EvalsetError(f"{where}: item {item_id!r}: reference for verifier {verifier!r} {problem}")
+    return {"item_id": item_id, "domain": row.get("domain"), "prompt": prompt_text(messages),
+            "messages": json.dumps(messages), "reference": json.dumps(row["reference"]), "verifier": verifier}
 
 
 def register_evalset(con: duckdb.DuckDBPyConnection, name: str, path: str | Path, *,

@@ -72,7 +72,7 @@ def verify_row(row: dict, config: VerifierConfig) -> dict:
     started = time.perf_counter()
     if not isinstance(row, dict):
         return _verdict_row({}, failed("format_error", f"row is a {type(row).__name__}, not an object"), "", 0.0)
-    name = str(row.get("verifier") or "")
+    name = _named_verifier(row)
     try:
         name = row_verifier(row, config)
     except ValueError as error:
@@ -81,6 +81,13 @@ def verify_row(row: dict, config: VerifierConfig) -> dict:
         prompt = row.get("prompt") if isinstance(row.get("prompt"), str) else None
         verdict = registry.verify(name, row.get("spec"), row.get("completion"), config, prompt=prompt)
     return _verdict_row(row, verdict, name, (time.perf_counter() - started) * 1000)
+
+
+def _named_verifier(row: dict) -> str:
+    # What the output line's "verifier" says when the row's choice is unusable: the name
+    # it gave if that is a string, never the text of a list or object it gave instead.
+    explicit = row.get("verifier")
+    return explicit if isinstance(explicit, str) else ""
 
 
 def _verdict_row(row: dict, verdict: Verdict, name: str, latency_ms: float) -> dict:
@@ -310,7 +317,7 @@ def _run_batches(client: Client, batches: list[list[dict]], config: VerifierConf
 def _lost_row(row: dict, error: Exception) -> dict:
     verdict = failed("sandbox_error", f"batch lost after retries: {type(error).__name__}: {error}")
     row = row if isinstance(row, dict) else {}
-    return _verdict_row(row, verdict, str(row.get("verifier") or ""), 0.0)
+    return _verdict_row(row, verdict, _named_verifier(row), 0.0)
 
 
 @contextmanager

@@ -67,3 +67,26 @@ def test_config_reaches_the_verifiers():
     slow = "import time\ndef double(x):\n    time.sleep(5)\n    return 2 * x\n"
     config = VerifierConfig(sandbox=registry.SandboxConfig(timeout_s=0.5))
     assert registry.verify("code", spec, slow, config).status == "timeout"
+
+
+@pytest.mark.parametrize("domain, explicit, message", [
+    ("math", ["math"], "verifier must be a string, got list"),
+    ({"name": "math"}, None, "domain must be a string, got dict"),
+    ({"name": "math"}, "math", "domain must be a string, got dict"),
+])
+def test_a_choice_of_the_wrong_type_is_a_value_error_not_a_crash(domain, explicit, message):
+    # Callers turn ValueError into a verdict or a refusal; a TypeError escaped them.
+    with pytest.raises(ValueError, match=message):
+        VerifierConfig().verifier_for(domain, explicit)
+
+
+def test_reference_problem_says_what_the_verifier_needs():
+    assert [registry.reference_problem(name, spec) for name, (spec, _) in sorted(CASES.items())] == [None] * 4
+    assert "needs `answer`" in registry.reference_problem("math", {"foo": "4"})
+    assert "needs `schema`" in registry.reference_problem("json_schema", {"answer": {"a": 1}})
+    # the spec checks that verify itself applies, so a reference passing here is not
+    # later an "invalid spec" on every sample
+    assert "schema" in registry.reference_problem("json_schema", {"schema": {"type": "thing"}})
+    assert "compile" in registry.reference_problem("code", {"entry_point": "f", "tests": "def check(c) oops"})
+    assert "unknown verifier" in registry.reference_problem("regex", {"answer": "a"})
+    assert "JSON object" in registry.reference_problem("exact", ["a"])

@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli.app import app
@@ -73,3 +74,47 @@ def test_verify_uses_the_configured_domain_map_and_refuses_a_bad_one(tmp_path, m
     bad = CliRunner().invoke(app, ["verify", str(path), "--out", str(tmp_path / "out.jsonl")])
     assert bad.exit_code == 2 and "cycle.verify.verifiers: domain_map names unknown verifiers" in bad.output
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_field_of_the_wrong_type_costs_its_line_only(tmp_path):
+    path = tmp_path / "in.jsonl"
+    good = {"verifier": "exact", "spec": {"answer": "Paris"}, "completion": "Paris"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        good, {**good, "verifier": ["exact"]}, {"domain": {"name": "math"}, "spec": {"answer": "4"}, "completion": "4"},
+        good]))
+    result = CliRunner().invoke(app, ["verify", str(path)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["status"] for line in lines] == ["ok", "format_error", "format_error", "ok"]
+    assert "verifier must be a string, got list" in lines[1]["detail"] and lines[1]["verifier"] == ""
+    assert "domain must be a string, got dict" in lines[2]["detail"]
+
+
+def test_undecodable_bytes_cost_their_line_only(tmp_path):
+    path = tmp_path / "in.jsonl"
+    good = json.dumps({"verifier": "exact", "spec": {"answer": "Paris"}, "completion": "Paris"}).encode()
+    path.write_bytes(good + b"\n" + good.replace(b"Paris\"}", b"Par\xe9s\"}", 1) + b"\n" + good + b"\n")
+    result = CliRunner().invoke(app, ["verify", str(path)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["status"] for line in lines] == ["ok", "format_error", "ok"]
+    assert lines[1]["detail"].startswith("line 2: not valid UTF-8") and lines[1]["line"] == 2
+
+
+@pytest.mark.parametrize("where, message", [
+    ("missing/out.jsonl", "does not exist"),
+    (".", "is a directory"),
+])
+def test_an_unwritable_out_path_is_refused_before_scoring(tmp_path, monkeypatch, where, message):
+    scored = []
+    monkeypatch.setattr("tasks.round.scoring.verify_row", lambda row, config: scored.append(row))
+    result = CliRunner().invoke(app, ["verify", str(write_input(tmp_path)), "--out", str(tmp_path / where)])
+    assert result.exit_code == 2 and "error: --out" in result.output and message in result.output, result.output
+    assert scored == []
+
+
+def test_out_may_be_the_input_file(tmp_path):
+    path = write_input(tmp_path)
+    result = CliRunner().invoke(app, ["verify", str(path), "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    check_lines([json.loads(line) for line in path.read_text().splitlines()])

@@ -59,11 +59,35 @@ def test_chat_prompts_keep_their_messages_and_verifier(lake_settings, tmp_path):
     (json.dumps({"id": "x", "domain": "math", "prompt": "", "reference": {"answer": "1"}}), "line 2: prompt"),
     (json.dumps({"id": "x", "domain": "poetry", "prompt": "Hi", "reference": {}}), "line 2: no verifier"),
     (json.dumps({"id": "m1", "domain": "math", "prompt": "Hi", "reference": {"answer": "1"}}), "appears twice"),
+    (json.dumps({"id": "x", "verifier": ["math"], "prompt": "Hi", "reference": {"answer": "1"}}),
+     "line 2: verifier must be a string, got list"),
+    (json.dumps({"id": "x", "domain": {"name": "math"}, "prompt": "Hi", "reference": {"answer": "1"}}),
+     "line 2: domain must be a string, got dict"),
+    (json.dumps({"id": "x", "domain": {"name": "math"}, "verifier": "math", "prompt": "Hi", "reference": {"answer": "1"}}),
+     "line 2: domain must be a string, got dict"),
+    (json.dumps({"id": True, "domain": "math", "prompt": "Hi", "reference": {"answer": "1"}}),
+     "line 2: expected an object with an \"id\" \\(a string or an integer\\)"),
+    # references their verifier cannot score: every sample would be a format_error
+    (json.dumps({"id": "x", "domain": "math", "prompt": "Hi", "reference": {"foo": "4"}}),
+     "line 2: item 'x': reference for verifier 'math' needs `answer`"),
+    (json.dumps({"id": "x", "domain": "json", "prompt": "Hi", "reference": {"answer": {"a": 1}}}),
+     "line 2: item 'x': reference for verifier 'json_schema' needs `schema`"),
+    (json.dumps({"id": "x", "domain": "json", "prompt": "Hi", "reference": {"schema": {"type": "thing"}}}),
+     "line 2: item 'x': reference for verifier 'json_schema' schema:"),
+    ('{"id": "x", "domain": "math", "prompt": "\udcff", "reference": {"answer": "1"}}', "line 2: not valid UTF-8"),
 ])
 def test_bad_lines_are_refused_with_their_line_number(lake_settings, tmp_path, line, message):
     con = open_lake(lake_settings)
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(ITEMS[0]) + "\n" + line + "\n")
+    # surrogateescape: "\udcff" is written as the lone byte 0xff, which is no UTF-8
+    path.write_bytes((json.dumps(ITEMS[0]) + "\n" + line + "\n").encode("utf-8", "surrogateescape"))
     with pytest.raises(EvalsetError, match=message):
         register_evalset(con, "math", path)
     assert con.execute("SELECT count(*) FROM lake.eval_items").fetchone()[0] == 0
+
+
+def test_an_integer_id_is_stored_as_text_and_a_known_verifier_takes_any_domain(lake_settings, tmp_path):
+    con = open_lake(lake_settings)
+    register_evalset(con, "trivia", _write(tmp_path / "t.jsonl", [
+        {"id": 7, "domain": "trivia", "verifier": "exact", "prompt": "Capital of France?", "reference": {"answer": "Paris"}}]))
+    assert con.execute("SELECT item_id, domain, verifier FROM lake.eval_items").fetchall() == [("7", "trivia", "exact")]
