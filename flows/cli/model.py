@@ -91,6 +91,10 @@ def model_promote_command(
     from tasks.release.promote import ModelError, promote
 
     console = rich_console()
+    if not reason.strip():  # stored with the model: an override must say why
+        console.print(error_line("--reason must say why (it is stored with the model); leave it out for "
+                                 "'no reason given'"))
+        raise typer.Exit(2)
     try:
         con = open_lake(lake_settings())
         try:

@@ -85,6 +85,19 @@ def production_problem(settings: LakeSettings) -> str | None:
     return None
 
 
+def retire_production(con: duckdb.DuckDBPyConnection, successor: str, why: str) -> tuple[str, ...]:
+    """Retire every production model but `successor`, its `reason` now `why` (who superseded
+    it and for what), inside the caller's transaction; returns the versions retired. The
+    one place a production model stops being one: registering, importing with
+    --production, the gate's and a manual promotion all say why alike."""
+    previous = tuple(r[0] for r in con.execute(
+        "SELECT policy_version FROM lake.models WHERE status = 'production' AND policy_version <> ? "
+        "ORDER BY policy_version", [successor]).fetchall())
+    con.execute("UPDATE lake.models SET status = 'retired', reason = ? WHERE status = 'production' "
+                "AND policy_version <> ?", [why, successor])
+    return previous
+
+
 def newest_candidate(con: duckdb.DuckDBPyConnection) -> str:
     """The most recently trained model still waiting for the gate's decision."""
     row = con.execute("SELECT policy_version FROM lake.models WHERE status = 'candidate' "
@@ -104,7 +117,7 @@ def register_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model
     if row is not None:
         if row[0] != "production":
             with transaction(con, message=f"model register {version[:12]} (known)"):
-                con.execute("UPDATE lake.models SET status = 'retired' WHERE status = 'production'")
+                retire_production(con, version, f"manual: superseded by {version}: {reason}")
                 con.execute("UPDATE lake.models SET status = 'production', reason = ? WHERE policy_version = ?",
                             [reason, version])
         return version
@@ -152,7 +165,7 @@ def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_d
     uri = publish_model(settings, model_dir, version)
     with transaction(con, message=f"model {status} {version[:12]}"):
         if status == "production":
-            con.execute("UPDATE lake.models SET status = 'retired' WHERE status = 'production'")
+            retire_production(con, version, f"manual: superseded by {version}: {reason}")
         append_rows(con, "models", pa.Table.from_pylist([{
             "policy_version": version, "parent_version": None, "uri": uri, "status": status,
             "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id,

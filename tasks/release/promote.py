@@ -20,12 +20,11 @@ import duckdb
 from storage.lake import transaction
 from tasks.release.decisions import NOTHING_TRAINED, recorded_decision
 from tasks.release.gate import GateDecision
+from tasks.release.models import retire_production
 from tasks.reports.cycle_report import pass_at_1_by_cycle
 
 if TYPE_CHECKING:
     from tasks.stages import StageKey
-
-RETIRED = "retired"
 
 
 class ModelError(ValueError):
@@ -46,14 +45,10 @@ def promote(con: duckdb.DuckDBPyConnection, version: str, reason: str, *, manual
         row = con.execute("SELECT status FROM lake.models WHERE policy_version = ?", [version]).fetchone()
         if row is None:
             raise ModelError(f"no model {version!r} in the lake; `flywheel model list` shows the versions")
-        previous = tuple(r[0] for r in con.execute(
-            "SELECT policy_version FROM lake.models WHERE status = 'production' AND policy_version <> ? "
-            "ORDER BY policy_version", [version]).fetchall())
+        previous = retire_production(con, version, f"{who}: superseded by {version}: {reason}")
         if row[0] == "production" and not previous:
             return Promotion(version, (), changed=False)
         text = f"manual override: {reason}" if manual else reason
-        con.execute("UPDATE lake.models SET status = ?, reason = ? WHERE status = 'production' "
-                    "AND policy_version <> ?", [RETIRED, f"{who}: superseded by {version}: {reason}", version])
         con.execute("UPDATE lake.models SET status = 'production', reason = ? WHERE policy_version = ?",
                     [text, version])
     return Promotion(version, previous, changed=True)

@@ -37,6 +37,8 @@ def test_list_then_promote_by_hand(tmp_path, monkeypatch):
 
     missing = runner.invoke(app, ["model", "promote", "nope"])
     assert missing.exit_code == 1 and "no model 'nope'" in missing.output
+    blank = runner.invoke(app, ["model", "promote", "base", "--reason", " "])
+    assert blank.exit_code == 2 and "--reason must say why" in blank.output  # was stored as "manual override: "
 
     # a reason is the user's text: rich once read "[/x]" in it as markup, and every later list crashed
     assert runner.invoke(app, ["model", "promote", "base", "--reason", "[/x] back to [i] base :x:"]).exit_code == 0

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli.app import app
-from flows.demo.tiny_model import init_model
+from flows.demo.tiny_model import ModelConfig, init_model
 from storage.lake import open_lake
 from tasks.release.models import import_model, register_model
 from trainer.model_import import ModelImportError
@@ -35,6 +35,11 @@ def test_a_folder_is_stored_and_recorded_with_what_it_is(lake_settings, tiny):
     assert register_model(con, lake_settings, lake_settings.home / "models" / version, "start here") == version
     assert con.execute("SELECT status FROM lake.models").fetchall() == [("production",)]
     assert not list((lake_settings.home / "models").glob(".import-*"))
+    # another folder registered: the one it supersedes says so, as a promotion's does
+    other = init_model(tiny.parent / "other", ModelConfig(seed=1))
+    newer = register_model(con, lake_settings, other, "a better start")
+    assert dict(con.execute("SELECT status, reason FROM lake.models").fetchall()) == {
+        "production": "a better start", "retired": f"manual: superseded by {newer}: a better start"}
 
 
 def test_a_model_without_a_chat_template_is_refused(lake_settings, tiny):
