@@ -161,6 +161,8 @@ def check_value(value: Any, hint: Any, key: str) -> Any:
     if hint is float and type(value) is int:
         return float(value)  # `lr = 1` is as good as `lr = 1.0`
     if hint is Path and type(value) is str:
+        if not value.strip():  # Path("") is ".": an empty FLYWHEEL_HOME would put the lake wherever one stands
+            raise ConfigError(f"{key} is empty: name a folder (or leave the setting out for its default)")
         return Path(value)
     if hint in (int, float, str, bool):
         if type(value) is hint:

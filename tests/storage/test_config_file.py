@@ -44,6 +44,9 @@ def test_a_bad_variable_names_the_variable(monkeypatch):
     monkeypatch.setenv("FLYWHEEL_DUCKDB_THREADS", "many")
     with pytest.raises(ConfigError, match=r"^FLYWHEEL_DUCKDB_THREADS = 'many': expected an integer"):
         lake_settings({})
+    monkeypatch.setenv("FLYWHEEL_HOME", "")  # Path("") is ".": the lake would land wherever one stands
+    with pytest.raises(ConfigError, match=r"^FLYWHEEL_HOME is empty: name a folder"):
+        lake_settings({})
 
 
 def test_schedule_and_webhook_read_their_sections_and_variables(monkeypatch):
