@@ -11,6 +11,7 @@ a stage writing more rows than fit in memory stages Parquet first (`StagedRows`)
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,6 +264,12 @@ def _explain_attach_error(exc: duckdb.Error, settings: LakeSettings) -> str:
                 "check FLYWHEEL_S3_ACCESS_KEY / FLYWHEEL_S3_SECRET_KEY")
     if "lock" in text.lower():
         return f"the lake catalog at {where} is locked by another process: {text}"
+    moved = re.search(r'does not match existing data path in the catalog "([^"]+)"', text)
+    if moved:  # DuckLake's own advice (OVERRIDE_DATA_PATH) is no option a flywheel user has
+        return (f"the lake at {where} keeps its data at {moved.group(1)}, not {settings.data_path}: a lake "
+                "cannot move (its catalog holds absolute paths of staged files); set FLYWHEEL_HOME (or "
+                "[lake] home, or the S3 settings) back to where it was made")
+    return f"could not open the lake at {where}: {text}"
     return f"could not open the lake at {where}: {text}"
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -155,6 +156,10 @@ def test_a_home_that_cannot_hold_the_lake_is_a_clear_error(tmp_path):
         open_lake(LakeSettings(home=a_file / "below"))
     with pytest.raises(LakeError, match="DuckDB refused .*duckdb_memory_limit = 'lots'.*Memory must have a number"):
         open_lake(LakeSettings(home=tmp_path / "home", duckdb_memory_limit="lots"))
+    open_lake(LakeSettings(home=tmp_path / "made-here")).close()
+    shutil.copytree(tmp_path / "made-here", tmp_path / "moved")  # a restored backup, a renamed folder
+    with pytest.raises(LakeError, match=f"keeps its data at {tmp_path}/made-here/data/.*a lake cannot move"):
+        open_lake(LakeSettings(home=tmp_path / "moved"), read_only=True)
 
 
 _PG_WRITER = textwrap.dedent("""
