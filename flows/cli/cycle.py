@@ -32,6 +32,9 @@ def cycle_command(
     if cycle_id is None and (problem := production_problem(lake_settings())):  # a resumed cycle knows its model
         rich_console().print(error_line(problem))
         raise typer.Exit(1)
+    if landing and (problem := _landing_problem(landing)):
+        rich_console().print(error_line(problem))
+        raise typer.Exit(2)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.flywheel import CycleParams, flywheel_cycle
 
@@ -39,6 +42,20 @@ def cycle_command(
                                          tasks_per_round=tasks_per_round, samples_per_task=samples_per_task,
                                          max_staleness=max_staleness))
     rich_console().print(summary)
+
+
+def _landing_problem(landing: list[str]) -> str | None:
+    """Why --landing cannot be read (a path that does not exist, a bucket refused), else
+    None: said before Prefect starts, as `flywheel ingest` does, not as a failed run."""
+    from storage.config_file import lake_settings
+    from storage.objects import ObjectStoreError
+    from tasks.ingest.sources import IngestError, discover_sources
+
+    try:
+        discover_sources(landing, lake_settings())
+    except (IngestError, ObjectStoreError) as exc:
+        return str(exc)
+    return None
 
 
 def model_register_command(
