@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from flows.cli.show import plain, rich_console
+
+from flows.cli.show import error_line, plain, rich_console
 
 
 def demo_data_command(
@@ -21,10 +22,14 @@ def demo_data_command(
         config = DemoDataConfig(logs=logs, seed=seed)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-    started = time.perf_counter()
-    manifest = generate_demo_data(out, config)
-    seconds = time.perf_counter() - started
     console = rich_console()
+    started = time.perf_counter()
+    try:
+        manifest = generate_demo_data(out, config)
+    except OSError as exc:  # --out somewhere nothing can be written (a file, no permission, a full disk)
+        console.print(error_line(f"--out {out}: {exc}"))
+        raise typer.Exit(2) from None
+    seconds = time.perf_counter() - started
     console.print(f"wrote {manifest.logs:,} log lines in {len(manifest.files)} files under {plain(out / 'landing')} "
                   f"({manifest.logs / seconds:,.0f} lines/s)")
     console.print(f"  clean {len(manifest.clean):,} · exact duplicates {len(manifest.exact_duplicates):,} · "

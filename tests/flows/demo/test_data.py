@@ -238,6 +238,10 @@ def test_cli_writes_demo_data(tmp_path):
     assert result.exit_code == 0, result.output
     assert Manifest.read(tmp_path / "manifest.json").logs == 250
     assert "250 log lines" in result.output
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    refused = CliRunner().invoke(app, ["demo-data", "--out", str(a_file / "demo"), "--logs", "10"])
+    assert refused.exit_code == 2 and "Not a directory" in refused.output and "Traceback" not in refused.output
 
 
 def _pairs_above(texts: list[str], threshold: float) -> set[tuple[int, int]]:
