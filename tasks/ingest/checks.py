@@ -168,7 +168,10 @@ def explain(kind: str, raw: str, rules: LogRules) -> str:
     if kind == "bad_encoding":
         return "not valid UTF-8: undecodable bytes are kept as U+FFFD in `raw`"
     if kind == "line_too_large":
-        return f"line is {len(raw.encode()):,} bytes, over the {rules.max_line_bytes:,}-byte limit"
+        # the commonest cause: logs written as one JSON array (json.dump(logs, f)), not JSON Lines
+        array = raw[:64].lstrip().startswith("[")
+        array = "; it starts with '[': ingest reads JSON Lines, one object per line" if array else ""
+        return f"line is {len(raw.encode()):,} bytes, over the {rules.max_line_bytes:,}-byte limit{array}"
     try:
         record = json.loads(raw)
     except json.JSONDecodeError as exc:

@@ -98,3 +98,17 @@ def test_bad_json_reason_names_the_column(lake_settings, tmp_path):
     ingest_file(con, path, str(path), CFG, "c1")
     assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == \
         "not valid JSON: Expecting value at column 19"
+
+
+def test_logs_written_as_one_json_array_are_refused_with_how_to_write_them(lake_settings, tmp_path):
+    logs = [valid_log(i) for i in range(3)]
+    small, big = tmp_path / "small.json", tmp_path / "big.json"
+    small.write_text(json.dumps(logs))  # json.dump(logs, f): the commonest wrong shape
+    big.write_text(json.dumps(logs * 300))  # over the line limit
+    con = open_lake(lake_settings)
+    for path in (small, big):
+        assert (ingest_file(con, path, str(path), CFG, "c1").rows_quarantined) == 1
+    reasons = sorted(r for (r,) in con.execute("SELECT reason FROM lake.quarantine").fetchall())
+    assert reasons[0] == "expected a JSON object per line, got a JSON list"
+    assert reasons[1].startswith("line is ") and reasons[1].endswith(
+        "over the 65,536-byte limit; it starts with '[': ingest reads JSON Lines, one object per line")
