@@ -78,8 +78,7 @@ def feature_sql(rules: LogRules, source: str) -> str:
     missing = " + ".join(f"(f_{name} IS NULL)::INT" for name in REQUIRED_FIELDS)
     return f"""
 WITH parsed AS (
-  -- a line over the size limit is refused for its size (first in the suite's order): not
-  -- parsed, so a file that is one huge JSON array costs no DOM of it
+  -- over the size limit: refused for that first (suite order), never parsed (a huge JSON array)
   SELECT line_no, utf8_ok, nbytes, raw,
     CASE WHEN nbytes <= {rules.max_line_bytes} THEN try(json_extract(raw, [{_FIELD_PATHS}])) END AS v FROM {source}
 ), fields AS (
