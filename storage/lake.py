@@ -270,8 +270,8 @@ def _explain_attach_error(exc: duckdb.Error, settings: LakeSettings) -> str:
                 "cannot move (its catalog holds absolute paths of staged files); set FLYWHEEL_HOME (or "
                 "[lake] home, or the S3 settings) back to where it was made")
     return f"could not open the lake at {where}: {text}"
-    return f"could not open the lake at {where}: {text}"
 
 
 def quote_literal(text: str) -> str:
+    """`text` for inside a SQL string literal: its quotes doubled."""
     return text.replace("'", "''")
