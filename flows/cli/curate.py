@@ -5,8 +5,8 @@ from typing import Annotated
 
 import duckdb
 import typer
-from flows.cli.show import error_line, rich_console
 
+from flows.cli.show import error_line, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 

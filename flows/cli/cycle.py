@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from flows.cli.show import error_line, plain, rich_console
 
 

@@ -5,8 +5,8 @@ import os
 from typing import Annotated
 
 import typer
-from flows.cli.show import error_line, plain, rich_console
 
+from flows.cli.show import error_line, plain, rich_console
 from storage.config_file import ConfigError, lake_settings
 
 

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import duckdb
 import typer
-from flows.cli.show import error_line, rich_console
 
+from flows.cli.show import error_line, rich_console
 from storage.config_file import ConfigError
 from storage.lake import LakeError
 

@@ -14,9 +14,9 @@ from typing import Annotated
 
 import duckdb
 import typer
-from flows.cli.show import cell, error_line, plain, rich_console
 from rich.table import Table
 
+from flows.cli.show import cell, error_line, plain, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from flows.cli.show import error_line, plain, rich_console
 
+from flows.cli.show import error_line, plain, rich_console
 from storage.config_file import ConfigError, lake_settings, load_section
 
 if TYPE_CHECKING:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from flows.cli.show import plain, rich_console
 from rich.table import Table
+
+from flows.cli.show import cell, plain, rich_console
 
 
 def demo_command(
@@ -86,9 +87,9 @@ def print_demo_table(rows: list[dict], home: Path) -> None:
         # changes, lake opens, begin/finish and the report. An upper bound on orchestration.
         # Overlapped rounds run two stages at once: their time counts once.
         overhead = cycle_s - summary.get("busy_seconds", sum(stage_seconds.values()))
-        table.add_row(str(row["cycle"]), row["production"], rate, *by_domain, str(kept),
-                      str(trained) if summary else "", gate[:60], stages, f"{cycle_s:.0f}" if summary else "",
-                      f"{overhead:.0f}s ({overhead / cycle_s:.0%})" if summary and cycle_s else "")
+        table.add_row(*map(cell, (row["cycle"], row["production"], rate, *by_domain, kept,
+                                  trained if summary else "", gate[:60], stages, f"{cycle_s:.0f}" if summary else "",
+                                  f"{overhead:.0f}s ({overhead / cycle_s:.0%})" if summary and cycle_s else "")))
     # Wide enough for the per-domain rates and per-stage seconds even when stdout is a log
     # file (rich assumes 80).
     console = rich_console(width=max(rich_console().width, 240))
