@@ -51,7 +51,7 @@ def _cannot_serve(cfg, settings) -> str | None:
 
     import httpx
 
-    from flows.gateway.upstreams import UpstreamError, probe
+    from flows.gateway.upstreams import UpstreamError, base_url, probe
     from tasks.release.models import production_problem
 
     if not cfg.upstream:
@@ -59,7 +59,7 @@ def _cannot_serve(cfg, settings) -> str | None:
 
     async def probed() -> None:
         async with httpx.AsyncClient() as client:
-            await probe(client, cfg.upstream.rstrip("/").removesuffix("/v1"))
+            await probe(client, base_url(cfg.upstream))
 
     try:
         asyncio.run(probed())

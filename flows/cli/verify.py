@@ -16,6 +16,7 @@ running scheduler.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ def read_lines(path: Path) -> list[bytes]:
     """The file's lines, undecoded (each is decoded on its own), without a leading BOM:
     it is no part of line 1 (Windows tools write one)."""
     data = path.read_bytes()
-    return data.removeprefix(b"\xef\xbb\xbf").splitlines()
+    return data.removeprefix(codecs.BOM_UTF8).splitlines()
 
 
 def out_problem(out: Path) -> str | None:

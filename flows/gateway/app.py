@@ -36,7 +36,7 @@ from flows.gateway.limits import RateLimiter
 from flows.gateway.replicas import forwarded, pass_feedback_on
 from flows.gateway.shipping import Shipper, ShippingConfig
 from flows.gateway.spool import Spool, UnknownCall
-from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, probe
+from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, base_url, probe
 from flows.http_server import CLIENT_IDLE_S
 from flows.json_body import parse_json_body
 from storage.settings import LakeSettings
@@ -94,7 +94,7 @@ class Gateway:
     async def external(self, url: str, version: str = "") -> Upstream:
         """An upstream the gateway does not own, named by URL; its version is `version` or
         the first model it lists."""
-        url = url.rstrip("/").removesuffix("/v1")
+        url = base_url(url)
         ids = await probe(self.client, url)
         return Upstream(version or ids[0], url, ids[0])
 

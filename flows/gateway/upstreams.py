@@ -61,6 +61,12 @@ class Upstream:
             self.process.stop()
 
 
+def base_url(url: str) -> str:
+    """An OpenAI-compatible server's base URL as the gateway keeps it: no trailing `/` or `/v1`
+    (users write either)."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 async def probe(client: httpx.AsyncClient, url: str, timeout_s: float = 10.0) -> list[str]:
     """The model ids an upstream lists on /v1/models; UpstreamError when it is not healthy."""
     try:

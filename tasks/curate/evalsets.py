@@ -15,6 +15,7 @@ This module does not score anything; `tasks.curate.curation` and the evaluation 
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from dataclasses import dataclass
@@ -64,7 +65,7 @@ def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]
     rows, seen = [], set()
     # bytes, split before decoding: a bad byte is refused with its line's number. A leading
     # BOM (Windows tools write one) is no part of line 1.
-    for line_no, line in enumerate(data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
+    for line_no, line in enumerate(data.removeprefix(codecs.BOM_UTF8).splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{name} line {line_no}"

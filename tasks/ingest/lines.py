@@ -12,6 +12,7 @@ Only the lines themselves are decided here; what makes a line valid is tasks/ing
 """
 from __future__ import annotations
 
+import codecs
 import gzip
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pyarrow as pa
 
 from tasks.ingest.native import _logscan
 
-_BOM = b"\xef\xbb\xbf"
+_BOM = codecs.BOM_UTF8
 # bytes.isspace(): a line of only these is blank, and blank lines separate records
 _SPACE = np.array([0x20, 0x09, 0x0A, 0x0B, 0x0C, 0x0D], dtype=np.uint8)
 
