@@ -8,7 +8,8 @@
 - `GET /healthz`.
 
 Every check happens before anything is created, in this order: size (413), signature
-(401), deployment (404), JSON (400), parameters (422). A delivery is identified by
+(401), deployment (404), JSON (400), parameters (422, strict: JSON's own types, no
+coercion of `true` or "3" to a count). A delivery is identified by
 the `Idempotency-Key` header, else `X-GitHub-Delivery`, else `X-Request-Id`, else
 the signed timestamp and body; a replay answers the first response and creates no
 second run, across restarts (flows/webhook/deliveries.py). The signature covers the body and
@@ -236,7 +237,9 @@ def create_app(cfg: WebhookConfig, settings: LakeSettings) -> FastAPI:
         if spec is None:
             raise Rejection(404, f"no deployment {deployment!r}; known: {sorted(DEPLOYMENTS)}")
         try:
-            params = spec.params.model_validate(parse_json(body))
+            # strict: a sender's `true` or "3" for a count, or 1 for apply_gate, is a bug on its
+            # side that lax coercion would turn into a run it did not mean
+            params = spec.params.model_validate(parse_json(body), strict=True)
         except ValidationError as exc:
             raise Rejection(422, exc.errors(include_url=False, include_context=False, include_input=False)) from None
         key = delivery_key(request, deployment, timestamp, body)

@@ -95,6 +95,10 @@ REJECTIONS = {
     "unknown parameter": (422, lambda u: post(u, "ingest", {"paths": ["x"], "rm_rf": True})),
     "empty paths": (422, lambda u: post(u, "ingest", {"paths": []})),
     "wrong type": (422, lambda u: post(u, "ingest", {"paths": ["x"], "chunk_lines": "many"})),
+    # each was coerced into a run the sender did not mean: rounds=1, rounds=3, a promotion
+    "bool for a count": (422, lambda u: post(u, "flywheel-cycle", {"params": {"rounds": True}})),
+    "string for a count": (422, lambda u: post(u, "flywheel-cycle", {"params": {"rounds": "3"}})),
+    "number for a flag": (422, lambda u: post(u, "evaluate", {"params": {"apply_gate": 1}})),
     "JSON array": (422, lambda u: post(u, "ingest", None, raw=b'[{"paths": ["x"]}]')),
     "too large (Content-Length)": (413, lambda u: post(u, "ingest", {"paths": ["x" * (1 << 20)]})),
     "too large (chunked)": (413, lambda u: httpx.post(f"{u}/hooks/ingest", content=_chunked(b"x" * (2 << 20)),
