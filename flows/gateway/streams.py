@@ -1,7 +1,7 @@
 """A streamed chat completion, put back together as the chat.completion it amounts to.
 
 The log of a streamed call must read like the log of any other call (ingest's failure
-signals read `choices[0].message`), so the chunks' deltas are joined per choice:
+signals read every `choices[i].message`), so the chunks' deltas are joined per choice:
 content and refusal as text, tool calls by their index with the argument fragments
 concatenated, and the last finish_reason and usage seen.
 """

@@ -37,12 +37,20 @@ DETAIL_CHARS = 300
 
 
 def call_failures(call: dict) -> list[dict]:
-    """The failure logs of one call record: its reply against its response format, then
-    each of its tool calls against its tool."""
+    """The failure logs of one call record: each choice's reply against the response
+    format, then each of its tool calls against its tool.
+
+    A request with `n` > 1 got several samples of one prompt; each is judged, since a
+    prompt the model answers well only some of the time is the failure RL learns most from.
+    """
     if call.get("status") != 200:
         return []
-    request, message = call["request"], reply_message(call)
-    failures = []
+    return [failure for index, message in enumerate(reply_messages(call))
+            for failure in _choice_failures(call, message, "" if index == 0 else f"choice{index}:")]
+
+
+def _choice_failures(call: dict, message: dict, id_prefix: str) -> list[dict]:
+    request, failures = call["request"], []
     schema = response_schema(request)
     # A reply that only calls tools has not answered yet: the format binds the answer.
     answered = bool(text_of(message.get("content"))) or not message.get("tool_calls")
@@ -50,12 +58,12 @@ def call_failures(call: dict) -> list[dict]:
         problem = object_problem(text_of(message.get("content")), schema)
         if problem:
             failures.append(_failure_log(
-                call, "json", kind="json", domain="json", detail=problem, reference={"schema": schema},
+                call, f"{id_prefix}json", kind="json", domain="json", detail=problem, reference={"schema": schema},
                 messages=prompt_messages(request, JSON_LINE.format(schema=json_text(schema))),
                 response=reply_text(message)))
     tools = request_tools(request)
     for index, tool_call in enumerate(message.get("tool_calls") or []):
-        failure = _tool_failure(call, tools, tool_call, index)
+        failure = _tool_failure(call, tools, tool_call, index, id_prefix)
         if failure:
             failures.append(failure)
     return failures
@@ -171,11 +179,21 @@ def prompt_messages(request: dict, constraint: str | None, *, keep_non_text: boo
 
 
 def reply_message(call: dict) -> dict:
-    """`choices[0].message` of the call's response ({} when it has none)."""
+    """`choices[0].message` of the call's response ({} when it has none): what a person's
+    feedback on the call is about."""
+    messages = reply_messages(call)
+    return messages[0] if messages else {}
+
+
+def reply_messages(call: dict) -> list[dict]:
+    """Every choice's message of the call's response, in choice order ({} for a choice
+    without one)."""
     response = call.get("response")
     choices = response.get("choices") if isinstance(response, dict) else None
-    message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
-    return message if isinstance(message, dict) else {}
+    if not isinstance(choices, list):
+        return []
+    messages = [c.get("message") if isinstance(c, dict) else None for c in choices]
+    return [m if isinstance(m, dict) else {} for m in messages]
 
 
 def reply_text(message: dict) -> str:
@@ -202,7 +220,7 @@ def json_text(value) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _tool_failure(call: dict, tools: dict[str, dict], tool_call: dict, index: int) -> dict | None:
+def _tool_failure(call: dict, tools: dict[str, dict], tool_call: dict, index: int, id_prefix: str) -> dict | None:
     function = tool_call.get("function") if isinstance(tool_call, dict) else None
     function = function if isinstance(function, dict) else {}
     name, arguments = function.get("name"), function.get("arguments")
@@ -223,7 +241,7 @@ def _tool_failure(call: dict, tools: dict[str, dict], tool_call: dict, index: in
     if problem is None:
         return None
     return _failure_log(
-        call, "tool_call" if index == 0 else f"tool_call:{index}", kind="tool_call", domain="json",
+        call, id_prefix + ("tool_call" if index == 0 else f"tool_call:{index}"), kind="tool_call", domain="json",
         detail=_short(f"tool call {index} ({name}): {problem}"), reference={"schema": schema},
         messages=prompt_messages(call["request"], TOOL_LINE.format(name=target, schema=json_text(schema))),
         response=text)

@@ -146,6 +146,21 @@ def test_an_unknown_tool_is_a_failure_only_when_the_request_had_one_tool():
     assert call_failures(call(None, tools=two, tool_calls=[called("forecast", '{"city": "Oslo"}')])) == []
 
 
+def test_every_choice_of_an_n_sample_call_is_judged():
+    """n=3: the first sample kept the format, the second did not: a prompt the model
+    answers right only some of the time is still a failure, with that sample's reply."""
+    many = call('{"name": "Ada", "age": 36}', response_format=json_schema_format(PERSON), n=3)
+    many["response"]["choices"] += [
+        {"index": 1, "message": {"role": "assistant", "content": "Ada, 36"}, "finish_reason": "stop"},
+        {"index": 2, "message": {"role": "assistant", "content": None,
+                                 "tool_calls": [called("weather", "Oslo")]}, "finish_reason": "tool_calls"}]
+    many["request"]["tools"] = [tool("weather", WEATHER)]
+    failures = call_failures(many)
+    assert [f["id"] for f in failures] == ["chatcmpl-1:choice1:json", "chatcmpl-1:choice2:tool_call"]
+    assert failures[0]["response"] == "Ada, 36" and "not JSON" in failures[0]["failure"]["detail"]
+    assert failures[1]["response"] == "Oslo" and failures[1]["reference"] == {"schema": WEATHER}
+
+
 # -- feedback --------------------------------------------------------------------------
 
 def test_an_answer_correction_is_a_math_failure_whose_gold_passes():
