@@ -6,7 +6,9 @@ A stream is forwarded chunk by chunk as the upstream produces it, except its fin
 (the ones carrying finish_reason or usage) and `[DONE]`, which wait for the commit: a client
 whose stream breaks before them knows its answer is incomplete, and that call is not logged.
 An error event the upstream sends mid-stream (vLLM does when generation fails, then
-`[DONE]`) reaches the client, whose SDK raises it; that call is not logged either. A
+`[DONE]`) reaches the client, whose SDK raises it; that call is not logged either, nor one
+whose upstream sent a chunk that is no JSON object (the client gets an error event of the
+same shape, naming the upstream, rather than a dropped connection). A
 client gone while its (unstreamed) answer was being made is not logged: it never saw it,
 and its SDK's retry is a call of its own.
 
@@ -234,7 +236,12 @@ async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: U
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = _reply_object(data.encode())
+            try:
+                chunk = _reply_object(data.encode())
+            except ValueError as exc:  # a proxy's page or a broken server mid-stream: end it as vLLM would
+                chunk = {"error": {"message": f"upstream {upstream.version} sent a chunk that is no JSON object: "
+                                              f"{exc}", "type": "upstream_error", "param": None, "code": 502}}
+                data = json.dumps(chunk)
             if "error" in chunk or chunk.get("object") == "error":  # generation failed midway (vLLM)
                 log.warning("gateway: upstream %s failed mid-stream: %s", upstream.version, data[:500])
                 yield f"data: {data}\n\n".encode() + b"data: [DONE]\n\n"

@@ -4,6 +4,7 @@
 A chat completion's last message content picks the reply:
 - `stream-error`: a stream that starts, then carries an error event and `[DONE]` (what vLLM
   sends when generation fails midway: its create_streaming_error_response);
+- `stream-garbage`: a stream that starts, then carries an HTML line as its next event;
 - `not-json`, `a-list`, `nan`, `surrogate`: status 200 with an HTML page, a JSON array,
   a bare NaN in the usage, a lone UTF-16 surrogate in the content (a proxy's error page,
   a broken server, Python's json.dumps defaults);
@@ -78,6 +79,8 @@ def handler(version: str) -> type[BaseHTTPRequestHandler]:
                 error = {"error": {"message": "Internal server error", "type": "InternalServerError",
                                    "param": None, "code": 500}}
                 self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
+            elif mode == "stream-garbage":
+                self.wfile.write(b"data: <html><body>502 Bad Gateway</body></html>\n\n")
             else:
                 self.wfile.write(chunk(version, {}, "stop"))
             self.wfile.write(b"data: [DONE]\n\n")
