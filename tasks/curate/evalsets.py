@@ -4,7 +4,7 @@ A version is the sha256 of the file's bytes (`eval_version`): registering the sa
 bytes again writes nothing, changed bytes add a new version beside the old ones, which
 stay queryable (`SELECT ... WHERE eval_version = ...`). Rows are `{"id", "domain",
 "prompt", "reference", "verifier"?}` where the id is a string or an integer (stored as
-text), the prompt is a string or chat messages and the reference has the shape its
+text), the prompt is a string or chat messages (a content may be text parts) and the reference has the shape its
 verifier scores (`verifiers.registry.reference_problem`). A bad line refuses the whole
 file, naming the line: a set is registered whole or not at all.
 Decontamination compares against every version ever registered: an item that was in an
@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
+from tasks.ingest.checks import message_text
 from verifiers.registry import VerifierConfig, reference_problem
 
 
@@ -50,14 +51,22 @@ def prompt_text(prompt: str | list[dict]) -> str:
 
 
 def _messages(prompt, where: str) -> list[dict]:
+    """An item's prompt as chat messages with string contents; a content may be given as
+    OpenAI's text parts (joined as ingest joins them: tasks/ingest/checks.py), never an
+    image: the prompt must be the same text for every model sampled."""
     if isinstance(prompt, str) and prompt.strip():
         return [{"role": "user", "content": prompt}]
-    if (isinstance(prompt, list) and prompt and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in prompt)):
-        return [{"role": m["role"], "content": m["content"]} for m in prompt]
-    raise EvalsetError(f"{where}: prompt must be a non-empty string or a list of "
-                       '{"role", "content"} messages')
+    if not isinstance(prompt, list) or not prompt:
+        raise EvalsetError(f"{where}: prompt must be a non-empty string or a list of "
+                           '{"role", "content"} messages')
+    messages = []
+    for i, message in enumerate(prompt):
+        text = message_text(message) if isinstance(message, dict) and isinstance(message.get("role"), str) else None
+        if text is None:
+            raise EvalsetError(f"{where}: prompt[{i}] must be a {{\"role\", \"content\"}} message whose content "
+                               "is a string or a list of text parts (no images or audio)")
+        messages.append({"role": message["role"], "content": text})
+    return messages
 
 
 def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]:

@@ -54,6 +54,16 @@ def test_chat_prompts_keep_their_messages_and_verifier(lake_settings, tmp_path):
     assert con.execute("SELECT verifier FROM lake.eval_items WHERE item_id = 'm1'").fetchone() == ("math",)
 
 
+def test_a_content_of_text_parts_is_its_text(lake_settings, tmp_path):
+    """OpenAI's content parts, as exported chat data carries them: joined as ingest joins them."""
+    con = open_lake(lake_settings)
+    parts = {"id": "p1", "domain": "math", "reference": {"answer": "42"}, "prompt": [
+        {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+40?"}]}]}
+    register_evalset(con, "math", _write(tmp_path / "parts.jsonl", [parts]))
+    prompt, messages = con.execute("SELECT prompt, messages FROM lake.eval_items").fetchone()
+    assert prompt == "What is\n2+40?" and json.loads(messages) == [{"role": "user", "content": "What is\n2+40?"}]
+
+
 @pytest.mark.parametrize("line, message", [
     ("not json", "line 2: not JSON"),
     (json.dumps({"id": "x", "domain": "math", "prompt": "", "reference": {"answer": "1"}}), "line 2: prompt"),
@@ -74,6 +84,9 @@ def test_chat_prompts_keep_their_messages_and_verifier(lake_settings, tmp_path):
      "line 2: item 'x': reference for verifier 'json_schema' needs `schema`"),
     (json.dumps({"id": "x", "domain": "json", "prompt": "Hi", "reference": {"schema": {"type": "thing"}}}),
      "line 2: item 'x': reference for verifier 'json_schema' schema:"),
+    (json.dumps({"id": "x", "domain": "math", "reference": {"answer": "1"}, "prompt": [{"role": "user", "content": [
+        {"type": "text", "text": "How many?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}),
+     "line 2: prompt\\[0\\] must be .* a string or a list of text parts \\(no images"),
     ('{"id": "x", "domain": "math", "prompt": "\udcff", "reference": {"answer": "1"}}', "line 2: not valid UTF-8"),
 ])
 def test_bad_lines_are_refused_with_their_line_number(lake_settings, tmp_path, line, message):
