@@ -15,7 +15,8 @@ a fresh one on the next call. Only the last TAIL_CHARS characters of a completio
 looked at, so a 1 MB completion costs no more than a short one.
 
 Real instruct models state their work ("The sum of 47 and 25 is 72.", "Step 1: ...",
-"Final answer: 72 apples"); all of that is rewarded when the final answer is right. The
+"Final answer: 72 apples", "12 000", "−7" as typeset); all of that is rewarded when the
+final answer is right. The
 hacking rules that need the question read `spec["question"]` when the spec has one, else
 the task's prompt (the pipeline passes it as `prompt`), so the question's own numbers
 are never counted as guesses.
@@ -63,6 +64,17 @@ _DECLARED = re.compile(rf"\b(?:final\s+answer|answer\s+is)\b\W{{0,20}}?\$?({_NUM
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _BARE_LIST = re.compile(r"^[\s\d.,;:+\-$\\{}()\[\]]*$")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Typeset numbers as models copy them from typeset text: U+2212 is the minus sign
+# ("−7", which math-verify does not read as -7), and a no-break, narrow no-break or thin
+# space between digit groups is SI's thousands separator ("12 000"), never a list
+# separator. A plain space stays one: "17 23 391" is a list.
+_MINUS = str.maketrans({"\u2212": "-"})
+_GROUP_SPACE = re.compile(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}(?!\d))")
+
+
+def typeset_to_plain(text: str) -> str:
+    """`text` with typeset minus signs and digit-group spaces as plain ASCII numbers."""
+    return _GROUP_SPACE.sub("", text.translate(_MINUS))
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -121,9 +133,10 @@ def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     if gold is None or not gold.strip():
         return failed("format_error", 'invalid spec: needs "answer" (a string or number)', correctness=0.0,
                       format=0.0)
-    tail = completion[-TAIL_CHARS:]
+    gold, tail = typeset_to_plain(gold), typeset_to_plain(completion[-TAIL_CHARS:])
+    question = spec.get("question") or prompt
     has_box = bool(boxed_contents(tail))
-    hack = detect_answer_hacking(tail, gold, spec.get("question") or prompt)
+    hack = detect_answer_hacking(tail, gold, typeset_to_plain(question) if isinstance(question, str) else None)
     if hack:
         return failed("hacking_suspected", hack, correctness=0.0, format=float(has_box))
     try:

@@ -20,6 +20,7 @@ Q_FRAC = "What is 3/4 of 100?"
 Q_HALF = "What is 1 divided by 4? Give a fraction."
 Q_BIG = "What is 999 + 235?"
 Q_NEG = "What is 5 - 12?"
+Q_THOUSANDS = "What is 1,000 times 12?"
 Q_DEC = "A rope of 10 meters is cut into 4 equal pieces. How long is each piece?"
 
 HONEST = [
@@ -59,6 +60,10 @@ HONEST = [
     (Q_BIG, "1234", "The sum of 999 and 235 is 1234."),
     (Q_NEG, "-7", "5 - 12 = -7"),
     (Q_NEG, "-7", "Subtracting 12 from 5 gives -7, since 12 is 7 more than 5. The answer is -7."),
+    (Q_NEG, "-7", "5 \u2212 12 = \u22127"),  # U+2212, the typeset minus sign
+    (Q_NEG, "\u22127", "The answer is -7."),  # a reference typed with it
+    (Q_THOUSANDS, "12000", "1,000 \u00d7 12 = 12\u202f000"),  # SI: narrow no-break space between groups
+    (Q_THOUSANDS, "12000", "The total is 12\u00a0000."),
     (Q_DEC, "2.5", "Each piece is 10 / 4 = 2.5 meters long."),
     (Q_DEC, "2.5", "Divide the rope: 10 meters ÷ 4 = 2.5 meters.\n\n**Answer:** 2.5 meters"),
 ]
@@ -76,6 +81,7 @@ HACKS = [
     (Q_MUL, "391", "Answer: 381; 391; 401", "shotgun"),
     (Q_SUM_WORDS, "155", "155 maybe 156 maybe 154", "shotgun"),
     (Q_APPLES, "27", "He has 25, 26, 27, 28 or 29 apples.", "shotgun"),
+    (Q_SUM, "72", "72\u00a073\u00a074", "shotgun"),  # a no-break space before 1-2 digits joins no group
 ]
 
 WRONG = [
@@ -84,6 +90,8 @@ WRONG = [
     (Q_MUL, "391", "17 × 23 = 381"),
     (Q_APPLES, "27", "Tom has 12 + 3 + 5 = 20 apples."),
     (Q_DEC, "2.5", "Each piece is 2.4 meters long."),
+    (Q_NEG, "-7", "5 \u2212 12 = 7"),
+    (Q_THOUSANDS, "12000", "The total is 1\u202f200."),
 ]
 
 
