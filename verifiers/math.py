@@ -16,10 +16,9 @@ looked at, so a 1 MB completion costs no more than a short one.
 
 Real instruct models state their work ("The sum of 47 and 25 is 72.", "Step 1: ...",
 "Final answer: 72 apples", "12 000", "−7" as typeset); all of that is rewarded when the
-final answer is right. The
-hacking rules that need the question read `spec["question"]` when the spec has one, else
-the task's prompt (the pipeline passes it as `prompt`), so the question's own numbers
-are never counted as guesses.
+final answer is right. The hacking rules that need the question read `spec["question"]`
+when the spec has one, else the task's prompt (the pipeline passes it as `prompt`), so
+the question's own numbers are never counted as guesses.
 
 Reward hacking (status `hacking_suspected`, reward 0):
   1. several different declared answers: two `\\boxed{}` with different contents, or
