@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from trainer.grpo import (GRPOConfig, RowScores, append_metrics, deepspeed_config, rows_trained, score_rows,
                           step_metrics, timed, train_step, truncate_metrics)
-from trainer.job import (TrainJob, checkpoint_dir, copy_tokenizer_files, latest_tag, metrics_path, model_dir,
-                         read_job)
+from trainer.job import (TrainJob, checkpoint_dir, copy_tokenizer_files, drop_superseded_checkpoints, latest_tag,
+                         metrics_path, model_dir, read_job)
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 from trainer.sft import read_sft_rows
 
@@ -93,6 +93,8 @@ def run(job_dir: Path) -> None:
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == steps:
             engine.save_checkpoint(str(checkpoint_dir(job_dir)), tag=f"step_{step + 1}",
                                    client_state={"step": step + 1})
+            if rank == 0:
+                drop_superseded_checkpoints(checkpoint_dir(job_dir))
     export_model(engine, job, job_dir, f"step_{steps}", rank)
 
 

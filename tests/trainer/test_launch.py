@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainer.grpo import GRPOConfig, step_pieces
-from trainer.job import CheckpointError, TrainJob, read_metrics, write_job
+from trainer.job import CheckpointError, TrainJob, checkpoint_dir, read_metrics, write_job
 from trainer.launch import buffer_port, start_training, sweep_orphaned_buffers, wait_training
 from trainer.rollout_data import RolloutDataError, group_rollouts, read_rollouts
 
@@ -98,6 +98,9 @@ def test_two_process_run_killed_and_resumed_matches_uninterrupted(tmp_path, tiny
 
     log = (killed / "train.log").read_text()
     assert "resuming from checkpoint step_" in log
+    # 4 checkpoints were saved by each; only the newest is kept (nothing reads an older one)
+    for job in (killed, straight):
+        assert [p.name for p in checkpoint_dir(job).iterdir() if p.is_dir()] == ["step_8"]
     assert [m["step"] for m in read_metrics(killed)] == list(range(1, cfg.steps + 1))
     a, b, base = weights(resumed), weights(reference), weights(tiny_model)
     assert all(torch.equal(a[k], b[k]) for k in b), "resumed run ended with different weights"
