@@ -1,4 +1,5 @@
-"""`flywheel lake maintain`: merge the lake's small files and delete files nothing reads, now.
+"""`flywheel lake maintain`: merge the lake's small files and delete files nothing reads,
+and the training checkpoints of completed cycles, now.
 
 The same upkeep the `lake-maintenance` deployment runs on its schedule
 (storage/maintenance.py); the policy is `[maintenance]` of flywheel.toml, and the
@@ -28,10 +29,12 @@ def maintain_command(
 ) -> None:
     """Merge small files, write inlined rows out, delete merged-away and orphaned files."""
     from storage.maintenance import maintain_configured_lake
+    from tasks.round.checkpoints import drop_configured_checkpoints
 
     console = rich_console()
     try:
         report = maintain_configured_lake(snapshot_retention_days=retention_days, file_grace_hours=grace_hours)
+        dropped = drop_configured_checkpoints()
     except (ConfigError, LakeError) as exc:
         console.print(error_line(exc))
         raise typer.Exit(2) from None
@@ -44,3 +47,5 @@ def maintain_command(
     console.print(f"deleted: {report.files_deleted:,} unreferenced files, {report.orphans_deleted:,} orphaned files; "
                   f"snapshots expired {report.snapshots_expired:,}, kept {report.snapshots_left:,}; "
                   f"{report.seconds:.1f} s")
+    console.print(f"training checkpoints of completed cycles deleted: {dropped.jobs:,} jobs, "
+                  f"{dropped.bytes / 2**30:.2f} GiB")

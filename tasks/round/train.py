@@ -34,6 +34,7 @@ from storage.schemas import SCHEMAS
 from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, read_metrics, write_job
 from tasks.release.models import local_model_dir, publish_model
+from tasks.round.checkpoints import jobs_root
 from trainer.launch import run_training
 from trainer.model_facts import read_facts
 from trainer.rollout_data import group_rollouts, read_rollouts
@@ -230,7 +231,7 @@ def run(con: duckdb.DuckDBPyConnection, cfg: TrainStageConfig, key: StageKey) ->
     settings = lake_settings()
     base = local_model_dir(settings, con, key.policy)
     try:
-        trained = train_round(con, base, key.policy, key.round, settings.home / "jobs", key.cycle_id, cfg,
+        trained = train_round(con, base, key.policy, key.round, jobs_root(settings.home), key.cycle_id, cfg,
                               key.behaviour or None)
     except NothingToLearn as nothing:
         return {"policy_version": key.policy, "trained": False, "groups_kept": 0,
