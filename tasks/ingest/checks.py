@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -36,8 +38,16 @@ REQUIRED_TYPES = {  # json_type names DuckDB reports
     "messages": ("ARRAY",), "response": _TEXT, "domain": _TEXT, "reference": ("OBJECT",),
     "ts": _TEXT, "model": _TEXT, "failure": ("OBJECT",), "failure_kind": _TEXT,
 }
-OPTIONAL_TYPES = {"id": _TEXT, "meta": ("OBJECT", "NULL"), "verifier": _TEXT + ("NULL",),
-                  "failure_detail": _TEXT + ("NULL",)}
+# An integer id (database exports number their requests) is kept as its decimal text.
+OPTIONAL_TYPES = {"id": _TEXT + ("BIGINT", "UBIGINT", "NULL"), "meta": ("OBJECT", "NULL"),
+                  "verifier": _TEXT + ("NULL",), "failure_detail": _TEXT + ("NULL",)}
+# Every later stage reads the stored JSON with Python's json module, which DuckDB's parser
+# outdoes: it recurses once per level (RecursionError near 1,000) and refuses an integer of
+# more digits than int() takes (ValueError). Lines past these are refused here, not in curate.
+# MAX_DEPTH is above the native scanner's own bound (64 levels inside a field), so a line it
+# calls clean is within it.
+MAX_DEPTH = 100
+MAX_DIGITS = sys.int_info.default_max_str_digits
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ def suite_spec(rules: LogRules) -> list[tuple[str, dict]]:
         ("bad_encoding", _in_set("utf8_ok", [True])),
         ("line_too_large", _in_set("size_ok", [True])),
         ("bad_json", _in_set("is_json", [True])),
+        ("too_deep", _in_set("depth_ok", [True])),
+        ("number_too_long", _in_set("digits_ok", [True])),
         ("not_object", _in_set("top_type", ["OBJECT"])),
         ("missing_field", _in_set("has_required", [True])),
     ]
@@ -165,6 +177,10 @@ def first_failures(features: pd.DataFrame, rules: LogRules) -> dict[int, str]:
 
 def explain(kind: str, raw: str, rules: LogRules) -> str:
     """A reason a person can act on, for one line that failed with `kind`."""
+    if kind in ("bad_encoding", "bad_json") and raw.count("\x00") * 3 > len(raw):
+        # UTF-16 splits into lines at each newline's first byte; no JSON line holds a raw zero byte
+        name = "UTF-8" if kind == "bad_encoding" else "JSON"
+        return f"not valid {name}: the file looks UTF-16 (Windows PowerShell writes it): save it as UTF-8"
     if kind == "bad_encoding":
         return "not valid UTF-8: undecodable bytes are kept as U+FFFD in `raw`"
     if kind == "line_too_large":
@@ -172,16 +188,43 @@ def explain(kind: str, raw: str, rules: LogRules) -> str:
         array = raw[:64].lstrip().startswith("[")
         array = "; it starts with '[': ingest reads JSON Lines, one object per line" if array else ""
         return f"line is {len(raw.encode()):,} bytes, over the {rules.max_line_bytes:,}-byte limit{array}"
+    if kind == "too_deep":
+        return f"JSON nested more than {MAX_DEPTH} levels deep: later stages could not read it"
+    if kind == "number_too_long":
+        return f"a number has more than {MAX_DIGITS:,} digits: later stages could not read it (write it as a string)"
     try:
         record = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON: {exc.msg} at column {exc.colno}"
+    except json.JSONDecodeError as exc:  # its msg ends "... starting at" for some errors
+        return f"not valid JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}"
+    except (RecursionError, ValueError):  # broken, and also too deep or too long a number for Python
+        return "not valid JSON"
+    if kind == "bad_json":
+        return _explain_json_python_reads(raw)
     if kind == "not_object":
         return f"expected a JSON object per line, got a JSON {type(record).__name__}"
     if kind == "missing_field":
         missing = [f for f in REQUIRED_FIELDS if f not in record]
-        return f"missing required field{'s' if len(missing) > 1 else ''} {', '.join(f'`{m}`' for m in missing)}"
+        reason = f"missing required field{'s' if len(missing) > 1 else ''} {', '.join(f'`{m}`' for m in missing)}"
+        return reason + _reply_in_messages(record) if "response" in missing else reason
     return _EXPLAIN[kind](record, rules)
+
+
+def _reply_in_messages(record: dict) -> str:
+    """A hint for a log without `response` whose messages end with the reply, as chat exports
+    (OpenAI fine-tuning files among them) write a conversation."""
+    messages = record.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if isinstance(last, dict) and last.get("role") == "assistant":
+        return "; the last message is the assistant's: its reply goes in `response`, and `messages` ends before it"
+    return ""
+
+
+def _explain_json_python_reads(raw: str) -> str:
+    """Why DuckDB's parser refused a line Python's json reads: nearly always a lone UTF-16
+    surrogate escape, which a JavaScript exporter writes when it cuts an emoji in two."""
+    if re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", raw):
+        return "not valid JSON: a \\uD800-\\uDFFF escape that is not one half of a surrogate pair"
+    return "not valid JSON"
 
 
 def _explain_wrong_type(record: dict, rules: LogRules) -> str:
@@ -192,7 +235,12 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
             return f"`{name}` must be {_json_name(kind)}, got {_json_name(type(record.get(name)))}"
     if not isinstance(record["failure"].get("kind"), str):
         return "`failure.kind` must be a string"
-    for name, kind in {"id": str, "meta": dict, "verifier": str}.items():
+    request_id = record.get("id")
+    if request_id is not None and not (isinstance(request_id, str) or type(request_id) is int):  # bool is an int
+        return f"`id` must be a string or an integer, got {_json_name(type(request_id))}"
+    if type(request_id) is int and not -2**63 <= request_id < 2**64:
+        return "`id` is an integer past 64 bits: write it as a string"
+    for name, kind in {"meta": dict, "verifier": str}.items():
         if record.get(name) is not None and not isinstance(record[name], kind):
             return f"`{name}` must be {_json_name(kind)}, got {_json_name(type(record[name]))}"
     if record["failure"].get("detail") is not None and not isinstance(record["failure"]["detail"], str):
@@ -202,6 +250,11 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
             return f"messages[{i}] must be an object with role and content, got {_json_name(type(message))}"
         if not isinstance(message.get("role"), str):
             return f"messages[{i}].role must be a string, got {_json_name(type(message.get('role')))}"
+        if message_text(message) is None and message.get("content") is None:
+            if message.get("function_call") is not None:
+                return f"messages[{i}] has the legacy `function_call`: write it as `tool_calls`"
+            if isinstance(message.get("refusal"), str):  # OpenAI's refusal field
+                return f"messages[{i}] is a refusal with null content: put the refusal's text in `content`"
         if message_text(message) is None:
             return f"messages[{i}].content {_content_problem(message.get('content'))}"
     return "a field has the wrong type"
@@ -243,7 +296,8 @@ def _content_problem(content) -> str:
 def _explain_bad_role(record: dict, rules: LogRules) -> str:
     for i, message in enumerate(record["messages"]):
         if message["role"] not in ROLES:
-            return f"messages[{i}].role {message['role']!r} is not one of {', '.join(ROLES)}"
+            legacy = " (the legacy `function` role is `tool`)" if message["role"] == "function" else ""
+            return f"messages[{i}].role {message['role']!r} is not one of {', '.join(ROLES)}{legacy}"
     return "a message has an unknown role"
 
 

@@ -13,7 +13,8 @@ is exact. Nothing here decides validity; the suite does.
 """
 from __future__ import annotations
 
-from tasks.ingest.checks import OPTIONAL_TYPES, REQUIRED_FIELDS, REQUIRED_TYPES, ROLES, SCALAR_TYPES, LogRules
+from tasks.ingest.checks import (MAX_DEPTH, MAX_DIGITS, OPTIONAL_TYPES, REQUIRED_FIELDS, REQUIRED_TYPES, ROLES,
+                                 SCALAR_TYPES, LogRules)
 
 # Top-level fields pulled out of each line in one parse; later expressions read these
 # small JSON values instead of re-parsing the whole line for every check.
@@ -84,6 +85,7 @@ WITH parsed AS (
 ), fields AS (
   SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AS is_json,
     CASE WHEN v IS NULL THEN 'INVALID' WHEN {_NO_FIELD} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
+    {_python_reads_sql()},
     {_FIELD_COLUMNS}
   FROM parsed
 ), nested AS (
@@ -106,7 +108,7 @@ WITH parsed AS (
   coalesce(verifier, CASE domain {_verifier_of_domain(rules)} END) AS eff_verifier
   FROM nested
 )
-SELECT line_no, utf8_ok, is_json, top_type,
+SELECT line_no, utf8_ok, is_json, depth_ok, digits_ok, top_type,
   nbytes <= {rules.max_line_bytes} AS size_ok,
   n_missing = 0 AS has_required,
   {", ".join(f"t_{n}" for n in {**REQUIRED_TYPES, **OPTIONAL_TYPES})},
@@ -124,6 +126,34 @@ SELECT line_no, utf8_ok, is_json, top_type,
   CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
 FROM typed
 """
+
+
+def _python_reads_sql() -> str:
+    """depth_ok, digits_ok: whether Python's json reads the line as DuckDB did (checks.MAX_DEPTH,
+    MAX_DIGITS). A line nests no deeper than it has opening brackets and holds no integer
+    longer than its longest run of digits, so only the rare line with many brackets or a long
+    run of digits (one RE2 pass each) is looked into: its strings blanked, its brackets matched
+    against a pattern of MAX_DEPTH levels, its integers measured. Clean lines never come here
+    (the native scanner bounds both). A line that is not JSON passes both: bad_json is its reason."""
+    skeleton = "regexp_replace(raw, '\"(?:[^\"\\\\]|\\\\.)*\"', '\"\"', 'g')"
+    many_brackets = f"regexp_matches(raw, '(?:[^\\[{{]*[\\[{{]){{{MAX_DEPTH + 1}}}')"
+    return f"""CASE WHEN v IS NULL OR NOT {many_brackets} THEN true
+      ELSE regexp_full_match(regexp_replace({skeleton}, '[^\\[\\]{{}}]', '', 'g'), '{_nesting(MAX_DEPTH)}') END
+      AS depth_ok,
+    -- a run of 1,000 digits (RE2's longest repeat) anywhere, a string's included, is rare
+    CASE WHEN v IS NULL OR nbytes <= {MAX_DIGITS} OR NOT regexp_matches(raw, '[0-9]{{1000}}') THEN true
+      -- an integer (a number with a fraction or an exponent is a float, which has no limit)
+      ELSE NOT coalesce(list_bool_or(list_transform(regexp_extract_all({skeleton}, '[-+.eE0-9]+'),
+        n -> length(ltrim(n, '-')) > {MAX_DIGITS} AND regexp_full_match(n, '-?[0-9]+'))), false) END AS digits_ok"""
+
+
+def _nesting(depth: int) -> str:
+    """A regular expression for brackets (only) nested at most `depth` levels: a bound makes
+    the matching of brackets regular."""
+    level = r"[\[{][\]}]"
+    for _ in range(depth - 1):
+        level = r"[\[{](?:" + level + r")*[\]}]"
+    return f"(?:{level})*"
 
 
 def _stored_messages_sql() -> str:

@@ -6,7 +6,9 @@ JSON parsing skips as whitespace; `nbytes` is the length without it). Blank line
 are dropped but still counted, so `line_no` is the line's number in the file. A UTF-8
 byte order mark at the start of the file is skipped (Windows tools write one).
 Undecodable UTF-8 becomes a visible U+FFFD (flagged in `utf8_ok`, so validation
-quarantines the line) instead of aborting the batch.
+quarantines the line) instead of aborting the batch. A gzip cut short (a partial upload,
+a writer killed mid-file) ends where its data ends, like a plain file without its last
+newline: the lines before the cut land and the cut one is quarantined.
 
 Only the lines themselves are decided here; what makes a line valid is tasks/ingest/checks.py.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,10 +58,10 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tupl
     # whose fixed costs would buy few lines (its length is unknown inside a .gz).
     block_bytes = chunk_bytes if gzipped else -(-size // max(1, -(-size // chunk_bytes)))
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
-        if handle.read(len(_BOM)) != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
+        if read_block(handle, len(_BOM)) != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
             handle.seek(0)
         next_no, consumed, carry = 1, 0, b""
-        while block := handle.read(block_bytes):
+        while block := read_block(handle, block_bytes):
             consumed += len(block)
             ends = newlines(block)
             if not len(ends):  # a line longer than a block
@@ -77,6 +80,21 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tupl
         if carry:  # the file's last line has no newline
             lines, _ = split_lines(carry, np.array([len(carry)]), 0, next_no)
             yield from _steps(lines, chunk_lines, consumed)
+
+
+def read_block(handle, size: int) -> bytes:
+    """Up to `size` bytes of the file; of a gzip cut short or corrupt, what it holds before
+    the damage, then b"". (`read` would drop the part of a block decoded before the error.)"""
+    if not isinstance(handle, gzip.GzipFile):
+        return handle.read(size)
+    parts, got = [], 0
+    try:
+        while got < size and (part := handle.read1(size - got)):
+            parts.append(part)
+            got += len(part)
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        pass  # the data ends here: its last line, cut off, is quarantined as broken JSON
+    return b"".join(parts)
 
 
 def newlines(block: bytes) -> np.ndarray:

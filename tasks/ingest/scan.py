@@ -173,7 +173,7 @@ def clean_features_sql(rules: LogRules, source: str) -> str:
     verifier_of_domain = " ".join(f"WHEN '{d}' THEN '{v}'" for d, v in rules.domain_map.items())
     text = "'VARCHAR'"
     return f"""
-SELECT line_no, utf8_ok, true AS is_json, 'OBJECT' AS top_type,
+SELECT line_no, utf8_ok, true AS is_json, true AS depth_ok, true AS digits_ok, 'OBJECT' AS top_type,
   nbytes <= {rules.max_line_bytes} AS size_ok, true AS has_required,
   'ARRAY' AS t_messages, {text} AS t_response, {text} AS t_domain, 'OBJECT' AS t_reference,
   {text} AS t_ts, {text} AS t_model, 'OBJECT' AS t_failure, {text} AS t_failure_kind,

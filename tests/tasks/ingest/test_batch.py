@@ -128,6 +128,16 @@ def test_gzip_folders_blank_lines_and_bad_utf8(lake_settings, tmp_path):
     assert line_no == 4 and "\ufffd" in raw_line and kind == "bad_encoding"
 
 
+def test_a_first_line_nested_past_pythons_limit_is_quarantined_not_a_crash(lake_settings, tmp_path):
+    # the first line decides whether a file is a gateway shipment, read with Python's json
+    deep = json.dumps(valid_log(0)).replace('"meta": {', '"meta": {"trace": ' + "[" * 3000 + "]" * 3000 + ", ")
+    path = write_logs(tmp_path / "deep_first.jsonl", 0, extra_lines=[deep, json.dumps(valid_log(1))])
+    con = open_lake(lake_settings)
+    result = ingest_source(con, lake_settings, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (1, 1)
+    assert con.execute("SELECT line_no, kind FROM lake.quarantine").fetchall() == [(1, "too_deep")]
+
+
 def test_paths_that_cannot_be_ingested_are_named(lake_settings, tmp_path):
     with pytest.raises(IngestError, match="no such file"):
         discover_sources([str(tmp_path / "missing.jsonl")], lake_settings)
@@ -353,3 +363,16 @@ def test_a_batch_failing_while_its_set_aside_lines_are_judged_leaves_nothing(lak
     result = ingest_file(con, path, str(path), CFG, "c1")
     assert (result.rows_ok, result.rows_quarantined) == (300, len(MALFORMED))
     assert _count(con, "failure_logs") == 305
+
+
+def test_a_gzip_cut_short_lands_its_whole_lines_and_quarantines_the_cut_one(lake_settings, tmp_path):
+    # a partial upload, or a writer killed mid-file: its lines up to the cut are good logs
+    whole = write_logs(tmp_path / "whole.jsonl.gz", 3000)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
+    con = open_lake(lake_settings)
+    result = ingest_source(con, lake_settings, str(cut), CFG, "c1")
+    assert result.rows_quarantined == 1 and 1000 < result.rows_ok < 2000
+    assert con.execute("SELECT max(line_no) FROM lake.failure_logs").fetchone()[0] == result.rows_ok
+    line_no, kind = con.execute("SELECT line_no, kind FROM lake.quarantine").fetchone()
+    assert (line_no, kind) == (result.rows_ok + 1, "bad_json")

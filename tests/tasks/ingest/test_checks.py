@@ -112,3 +112,100 @@ def test_logs_written_as_one_json_array_are_refused_with_how_to_write_them(lake_
     assert reasons[0] == "expected a JSON object per line, got a JSON list"
     assert reasons[1].startswith("line is ") and reasons[1].endswith(
         "over the 65,536-byte limit; it starts with '[': ingest reads JSON Lines, one object per line")
+
+
+def test_lines_python_cannot_read_as_duckdb_does_are_quarantined_with_a_reason(lake_settings, tmp_path):
+    # Python's json reads what DuckDB refuses (a lone surrogate, as a JS exporter writes when it
+    # cuts an emoji in two) and refuses what DuckDB reads (nesting past its recursion limit, an
+    # integer past int()'s digits). Each of these once failed the whole batch (its reason was
+    # written with Python's json) or landed a log that curation could not read.
+    deep = "[" * 3000 + "]" * 3000
+    lone_surrogate = json.dumps(valid_log(1)).replace('"req-0-1"', '"req-\\ud83d"')
+    deep_reference = json.dumps(valid_log(2)).replace('{"answer": ', '{"steps": ' + deep + ', "answer": ')
+    deep_wrong_type = json.dumps({**valid_log(3), "meta": []}).replace('"meta": []', '"meta": ' + deep)
+    deep_message = json.dumps(valid_log(4)).replace('"role": "user"', '"role": "user", "trace": ' + deep)
+    truncated_deep = deep_reference[:len(deep_reference) // 2]
+    path = write_logs(tmp_path / "odd.jsonl", 1, extra_lines=[
+        lone_surrogate, deep_reference, deep_wrong_type, deep_message, truncated_deep,
+        json.dumps(valid_log(5)).replace('{"answer": ', '{"steps": ' + "[" * 60 + "]" * 60 + ', "answer": '),
+        json.dumps({**valid_log(6), "reference": {"answer": "7"}}).replace('"7"', "7" * 4301),
+        json.dumps({**valid_log(7), "meta": {"score": 0.5}}).replace("0.5", "0." + "5" * 5000)])
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (3, 6)
+    got = con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert [(line_no, kind) for line_no, kind, _ in got] == [
+        (2, "bad_json"), (3, "too_deep"), (4, "too_deep"), (5, "too_deep"), (6, "bad_json"), (8, "number_too_long")]
+    assert "surrogate" in got[0][2]
+    assert all(reason == "JSON nested more than 100 levels deep: later stages could not read it"
+               for _, _, reason in got[1:4])
+    assert got[4][2].startswith("not valid JSON")
+    assert got[5][2].startswith("a number has more than 4,300 digits")
+    for reference, meta in con.execute("SELECT reference, meta FROM lake.failure_logs WHERE line_no > 1").fetchall():
+        assert json.loads(reference) and json.loads(meta)  # what curation reads, as it reads it
+
+
+def test_a_json_error_reason_says_where_once(lake_settings, tmp_path):
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"id": "a", "response": "cut off\n')
+    con = open_lake(lake_settings)
+    ingest_file(con, path, str(path), CFG, "c1")
+    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == \
+        "not valid JSON: Unterminated string starting at column 25"
+
+
+def test_a_utf16_file_is_quarantined_saying_so(lake_settings, tmp_path):
+    # Windows PowerShell's `>` and Out-File write UTF-16: every line is refused, and says why
+    path = tmp_path / "exported.jsonl"
+    path.write_text("\n".join(json.dumps(valid_log(i)) for i in range(3)) + "\n", encoding="utf-16")
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (0, 4)  # the last newline's zero byte is a line
+    reasons = [r for (r,) in con.execute("SELECT reason FROM lake.quarantine ORDER BY line_no").fetchall()]
+    assert all(r.endswith("the file looks UTF-16 (Windows PowerShell writes it): save it as UTF-8")
+               for r in reasons), reasons
+
+
+def test_an_integer_id_is_kept_as_its_text_and_other_ids_say_what_they_must_be(lake_settings, tmp_path):
+    # database exports number their requests; the log is good, only its optional id is an integer
+    lines = [json.dumps({**valid_log(0), "id": 12345}), json.dumps({**valid_log(1), "id": -7}),
+             json.dumps({**valid_log(2), "id": None}), json.dumps({**valid_log(3), "id": 1.5}),
+             json.dumps({**valid_log(4), "id": True}), json.dumps({**valid_log(5), "id": 10**30})]
+    path = write_logs(tmp_path / "ids.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (3, 3)
+    assert con.execute("SELECT request_id FROM lake.failure_logs ORDER BY line_no").fetchall() == [
+        ("12345",), ("-7",), (None,)]
+    assert [r for (r,) in con.execute("SELECT reason FROM lake.quarantine ORDER BY line_no").fetchall()] == [
+        "`id` must be a string or an integer, got a number", "`id` must be a string or an integer, got a boolean",
+        "`id` is an integer past 64 bits: write it as a string"]
+
+
+def test_legacy_function_calls_and_refusals_say_how_to_write_them(lake_settings, tmp_path):
+    user = {"role": "user", "content": "Weather in Oslo?"}
+    lines = [json.dumps({**valid_log(0), "messages": [
+                 user, {"role": "assistant", "content": None, "function_call": {"name": "w", "arguments": "{}"}}]}),
+             json.dumps({**valid_log(1), "messages": [user, {"role": "function", "name": "w", "content": "5C"}]}),
+             json.dumps({**valid_log(2), "messages": [
+                 user, {"role": "assistant", "content": None, "refusal": "I can't help."}, user]})]
+    path = write_logs(tmp_path / "legacy.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    assert ingest_file(con, path, str(path), CFG, "c1").rows_quarantined == 3
+    assert [r for (r,) in con.execute("SELECT reason FROM lake.quarantine ORDER BY line_no").fetchall()] == [
+        "messages[1] has the legacy `function_call`: write it as `tool_calls`",
+        "messages[1].role 'function' is not one of system, user, assistant, tool "
+        "(the legacy `function` role is `tool`)",
+        "messages[1] is a refusal with null content: put the refusal's text in `content`"]
+
+
+def test_a_reply_left_in_messages_instead_of_response_says_where_it_goes(lake_settings, tmp_path):
+    # chat exports (OpenAI fine-tuning files among them) end the conversation with the reply
+    log = {key: value for key, value in valid_log(0).items() if key != "response"}
+    log["messages"] = [*log["messages"], {"role": "assistant", "content": "80"}]
+    path = write_logs(tmp_path / "export.jsonl", 0, extra_lines=[json.dumps(log)])
+    con = open_lake(lake_settings)
+    assert ingest_file(con, path, str(path), CFG, "c1").rows_quarantined == 1
+    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == (
+        "missing required field `response`; the last message is the assistant's: its reply goes in `response`, "
+        "and `messages` ends before it")

@@ -77,6 +77,8 @@ CLEAN = {
     "schema_not_object": json.dumps({**_json_log(), "reference": {"schema": "object"}}),
     "tab_content": log_with(messages=[{"role": "user", "content": "\t"}]),
     "crlf": json.dumps(valid_log(7)) + "\r",
+    "many_brackets_shallow": _raw("meta", '{"a": [' + "[[]]," * 200 + "[]]}"),
+    "long_digit_string": log_with(meta={"n": "9" * 5000}),
 }
 
 # Lines the fast path leaves to the full query: it must not claim them.
@@ -118,6 +120,9 @@ NOT_CLEAN = {
     "no_content_no_calls": log_with(messages=[{"role": "user", "content": "x"}, {"role": "assistant"}]),
     "user_with_calls": log_with(messages=[{"role": "user", "content": None, "tool_calls": [{"function": {}}]}]),
     "id_number": log_with(id=5),
+    "id_null": log_with(id=None),
+    "id_negative": log_with(id=-5),
+    "id_past_64_bits": log_with(id=2**64),
     "meta_array": log_with(meta=[1]),
     "verifier_number": log_with(verifier=3),
     "detail_number": log_with(failure={"kind": "x", "detail": 3}),
@@ -132,6 +137,9 @@ NOT_CLEAN = {
     "comment": json.dumps(valid_log(10)) + " /* c */",
     "trailing_garbage": json.dumps(valid_log(11)) + " x",
     "deep": log_with(meta={"a": json.loads("[" * 70 + "]" * 70)}),
+    "deeper_than_the_limit": _raw("meta", '{"a": ' + "[{}," * 120 + '"]"' + "]" * 120 + "}"),
+    "integer_past_int": _raw("meta", '{"n": -' + "9" * 4301 + "}"),
+    "long_float": _raw("meta", '{"x": 1.' + "5" * 5000 + "e3}"),
 }
 
 
