@@ -27,8 +27,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("batch_id", pa.string()), ("source_uri", pa.string()), ("rows_ok", pa.int64()),
         ("rows_quarantined", pa.int64()), ("ingested_at", _TS),
         # size and mtime (local) or size and ETag (S3) of the file as ingested: a landing
-        # file seen again unchanged is skipped without being read or downloaded
-        added=(("source_version", pa.string()),)),
+        # file seen again unchanged is skipped without being read or downloaded;
+        # first_line: the file's first line the batch read (past 1: the file grew by
+        # appends after an earlier batch took the lines before; NULL in older lakes: 1)
+        added=(("source_version", pa.string()), ("first_line", pa.int64()))),
     # log_id = sha256 of the record's canonical JSON
     "failure_logs": _schema(
         ("log_id", pa.string()), ("batch_id", pa.string()), ("line_no", pa.int64()),

@@ -36,5 +36,6 @@ def ingest_command(
         if r["skipped"]:
             console.print(f"[yellow]already ingested[/yellow] {plain(r['source_uri'])} (batch {r['batch_id'][:12]}): nothing written")
         else:
-            console.print(f"[green]ingested[/green] {plain(r['source_uri'])} (batch {r['batch_id'][:12]}): "
+            grown = f", the lines it gained from line {r['first_line']:,}" if r.get("first_line", 1) > 1 else ""
+            console.print(f"[green]ingested[/green] {plain(r['source_uri'])} (batch {r['batch_id'][:12]}{grown}): "
                           f"{r['rows_ok']:,} rows, {r['rows_quarantined']:,} quarantined, {r['seconds']:.1f}s")

@@ -9,7 +9,8 @@ The path of one line, in order:
 1. `sources`   finds the landed files and skips those already ingested at their current
                version (size and mtime, or size and S3 ETag), without reading them.
 2. `batch`     makes one file one batch (`batch_id` = sha256 of its bytes) and drives the
-               rest; a file already in `ingest_batches` is reported and skipped.
+               rest; a file already in `ingest_batches` is reported and skipped, and
+               one that grew by appends is read from its first new line (`appends`).
 3. `lines`     cuts the file into numbered lines (Arrow, no Python loop per line).
 4. `scan`      derives each line's features: the native scanner (`native/`) for plainly
                well-formed lines, DuckDB's feature query (`features`) for every other

@@ -41,7 +41,8 @@ from storage.settings import LakeSettings
 from tasks.ingest.chunks import (SetAside, batch_tables, judge_chunk, judge_set_aside, stage_chunk,
                                 stage_set_aside, quarantine_lake_repeats, drop_lake_repeats)
 from tasks.ingest.gateway_records import GATEWAY_FOLDER, is_gateway_record
-from tasks.ingest.lines import first_line, read_chunks
+from tasks.ingest.appends import appended_start
+from tasks.ingest.lines import Start, first_line, read_chunks
 from tasks.ingest.progress import ingest_progress
 from tasks.ingest.scan import ScannedChunks
 from tasks.ingest.sources import find_sources, local_version, object_version, split_unchanged
@@ -97,6 +98,9 @@ class BatchResult:
     its broken lines and the derived logs ingest refused."""
     feedback: int = 0
     """A gateway file's feedback written to `feedback`."""
+    first_line: int = 1
+    """The file's first line the batch read: past 1 when the file grew by appends since
+    an earlier batch took the lines before it (tasks/ingest/appends.py)."""
 
     @classmethod
     def unchanged(cls, source_uri: str, batch_id: str) -> BatchResult:
@@ -174,13 +178,16 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
     for attempt in range(cfg.commit_attempts):
         # The first chunk is read and scanned while the file is hashed; a batch found
         # already ingested costs that chunk's work and nothing more.
-        with ScannedChunks(path, cfg.rules, cfg.chunk_lines, cfg.chunk_bytes) as chunks:
-            batch_id = file_sha256(path)
+        start, batch_id = appended_start(con, path, source_uri)
+        with ScannedChunks(path, cfg.rules, cfg.chunk_lines, cfg.chunk_bytes, start) as chunks:
+            batch_id = batch_id or file_sha256(path)
             if con.execute("SELECT count(*) FROM lake.ingest_batches WHERE batch_id = ?", [batch_id]).fetchone()[0]:
                 return BatchResult(batch_id, source_uri, 0, 0, True, time.perf_counter() - started)
             try:
-                ok, bad = _write_batch(con, chunks, (path, source_uri, source_version), batch_id, cfg, cycle_id)
-                return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started)
+                ok, bad = _write_batch(con, chunks, (path, source_uri, source_version, start), batch_id, cfg,
+                                       cycle_id)
+                return BatchResult(batch_id, source_uri, ok, bad, False, time.perf_counter() - started,
+                                   first_line=start.line_no)
             except duckdb.TransactionException:
                 if attempt + 1 == cfg.commit_attempts:
                     raise
@@ -188,21 +195,22 @@ def ingest_file(con: duckdb.DuckDBPyConnection, path: Path, source_uri: str,
     raise AssertionError("unreachable")
 
 
-def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: tuple[Path, str, str],
+def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: tuple[Path, str, str, Start],
                  batch_id: str, cfg: IngestConfig, cycle_id: str) -> tuple[int, int]:
-    path, source_uri, source_version = source
+    path, source_uri, source_version, start = source
     staged = StagedRows(con, f"ingest-{batch_id[:16]}")
     with batch_tables(con):
         ok, bad = _stage_batch(con, chunks, (path, source_uri), staged, batch_id, cfg, cycle_id)
         with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
-            reread = lambda: (lines for lines, _ in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes))  # noqa: E731
+            reread = lambda: (lines for lines, _ in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes, start))  # noqa: E731
             repeats = quarantine_lake_repeats(con, staged, reread, batch_id, cycle_id)
             ok, bad = ok - repeats, bad + repeats
             staged.register()
             drop_lake_repeats(con, batch_id)
             append_rows(con, "ingest_batches", pa.Table.from_pylist([{
                 "batch_id": batch_id, "source_uri": source_uri, "rows_ok": ok, "rows_quarantined": bad,
-                "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id, "source_version": source_version}],
+                "ingested_at": datetime.now(timezone.utc), "cycle_id": cycle_id, "source_version": source_version,
+                "first_line": start.line_no}],
                 schema=SCHEMAS["ingest_batches"]))
     return ok, bad
 

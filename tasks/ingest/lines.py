@@ -18,6 +18,7 @@ import codecs
 import gzip
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,21 +47,38 @@ def first_line(path: Path, limit: int = 8 << 20) -> bytes:
     return b""
 
 
-def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int) -> Iterator[tuple[pa.Table, int]]:
-    """(table of line_no, raw, nbytes, utf8_ok; bytes read so far) per step.
+@dataclass(frozen=True)
+class Start:
+    """Where a batch's lines start in its file: at byte `offset`, the file's line `line_no`
+    (a plain file that grew by appends since an earlier batch took its first lines:
+    tasks/ingest/batch.py: appended_start)."""
+
+    offset: int = 0
+    line_no: int = 1
+
+
+WHOLE_FILE = Start()
+
+
+def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int,
+                start: Start = WHOLE_FILE) -> Iterator[tuple[pa.Table, int]]:
+    """(table of line_no, raw, nbytes, utf8_ok; bytes of the file read so far) per step,
+    from `start`.
 
     A step holds at most `chunk_lines` non-blank lines and about `chunk_bytes` bytes.
     """
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
-        size = probe.seek(0, 2)
+        size = probe.seek(0, 2) - start.offset
     # A plain file is read in equal blocks of at most chunk_bytes: no small last step,
     # whose fixed costs would buy few lines (its length is unknown inside a .gz).
     block_bytes = chunk_bytes if gzipped else -(-size // max(1, -(-size // chunk_bytes)))
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
-        if read_block(handle, len(_BOM)) != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
+        if start.offset:
+            handle.seek(start.offset)
+        elif read_block(handle, len(_BOM)) != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
             handle.seek(0)
-        next_no, consumed, carry = 1, 0, b""
+        next_no, consumed, carry = start.line_no, start.offset, b""
         while block := read_block(handle, block_bytes):
             consumed += len(block)
             ends = newlines(block)

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.ingest.native import _logscan
-from tasks.ingest.lines import read_chunks
+from tasks.ingest.lines import WHOLE_FILE, Start, read_chunks
 from tasks.ingest.checks import LogRules
 
 # Order of the scanner's outputs (tasks/ingest/native/logscan.c: the B_* and S_* enums). The decoded
@@ -53,17 +53,18 @@ class ScannedChunks:
     (hashes the file); `close` (or leaving the `with`) stops it.
     """
 
-    def __init__(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> None:
+    def __init__(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int,
+                 start: Start = WHOLE_FILE) -> None:
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._taken = threading.Semaphore(0)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._produce, args=(path, rules, chunk_lines, chunk_bytes),
+        self._thread = threading.Thread(target=self._produce, args=(path, rules, chunk_lines, chunk_bytes, start),
                                         name="ingest-read-ahead", daemon=True)
         self._thread.start()
 
-    def _produce(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int) -> None:
+    def _produce(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int, start: Start) -> None:
         try:
-            steps = read_chunks(path, chunk_lines, chunk_bytes)
+            steps = read_chunks(path, chunk_lines, chunk_bytes, start)
             following = next(steps, None)
             while following is not None:
                 chunk, consumed = following

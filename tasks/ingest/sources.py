@@ -44,6 +44,12 @@ def object_version(info: ObjectInfo) -> str:
     return f"{info.size}:{info.etag}"
 
 
+def version_size(version: str) -> int | None:
+    """The byte size a version above records (None: not one of theirs)."""
+    size = version.split(":", 1)[0]
+    return int(size) if size.isdigit() else None
+
+
 def find_sources(paths: list[str], settings: LakeSettings, *, allow_empty: bool = False) -> list[Source]:
     """Expand files, folders and s3:// keys or prefixes into sorted sources.
 

@@ -33,6 +33,10 @@ def test_ingest_then_again_reads_nothing_twice(tmp_path, monkeypatch):
     assert third.output.count("already ingested") == 2 and "2 rows, 0 quarantined" in third.output, third.output
     lake = runner.invoke(app, ["sql", "SELECT count(*) AS n FROM ingest_batches", "--format", "csv"])
     assert lake.output.split() == ["n", "3"], lake.output
+    with open(landing / "a.jsonl", "a") as grows:  # the application appends two more failures
+        grows.write("".join(json.dumps(valid_log(i, seed=9)) + "\n" for i in range(2)))
+    fourth = runner.invoke(app, ["ingest", str(landing)])
+    assert "the lines it gained from line 8): 2 rows, 0 quarantined" in fourth.output, fourth.output
 
 
 def test_ingest_follows_flywheel_toml(tmp_path, monkeypatch):

@@ -61,6 +61,6 @@ def test_a_touched_local_file_is_looked_at_again_and_its_content_decides(lake_se
     assert again.skipped and again.batch_id == first.batch_id  # the sha256 still recognises it
     logs.write_text(logs.read_text() + write_logs(tmp_path / "more.jsonl", 1, seed=8).read_text())
     assert _scan(con, lake_settings, landing)[0] == [uri]
-    grown = ingest_source(con, lake_settings, uri, IngestConfig(), "c3")  # the old lines repeat known logs
-    assert (grown.skipped, grown.rows_ok, grown.rows_quarantined) == (False, 1, 4)
+    grown = ingest_source(con, lake_settings, uri, IngestConfig(), "c3")  # appended to: its new line is read
+    assert (grown.skipped, grown.rows_ok, grown.rows_quarantined, grown.first_line) == (False, 1, 0, 5)
     assert _scan(con, lake_settings, landing)[0] == []
