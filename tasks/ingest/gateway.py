@@ -115,7 +115,8 @@ def _ingest(con: duckdb.DuckDBPyConnection, settings: LakeSettings, records: Gat
         append_rows(con, "ingest_batches", pa.Table.from_pylist([{
             "batch_id": batch_id, "source_uri": source_uri, "rows_ok": len(new_calls) + len(new_feedback),
             "rows_quarantined": len(records.broken), "ingested_at": datetime.now(timezone.utc),
-            "cycle_id": cycle_id, "source_version": source_version, "first_line": 1}], schema=SCHEMAS["ingest_batches"]))
+            "cycle_id": cycle_id, "source_version": source_version, "first_line": 1}],
+            schema=SCHEMAS["ingest_batches"]))
     return {"rows_ok": derived.rows_ok if derived else 0,
             "rows_quarantined": len(records.broken) + (derived.rows_quarantined if derived else 0),
             "interactions": len(new_calls), "feedback": len(new_feedback)}

@@ -130,7 +130,8 @@ def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source:
                  cycle_id: str = "setup") -> tuple[str, bool]:
     """Convert `source` (HF folder, .gguf file or bundled name; trainer.model_import) into
     FLYWHEEL_HOME/models/<version>, store it, and record it with status `imported`.
-    Returns (version, new); importing the same weights again changes nothing."""
+    Returns (version, new); importing the same weights again changes nothing (but puts back
+    their stored folder if it was deleted)."""
     from trainer.model_import import convert, resolve_source, source_digest
 
     path = resolve_source(source)
@@ -139,17 +140,32 @@ def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source:
     try:
         convert(path, staging, dtype)
         version = folder_version(staging)
-        if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [version]).fetchone()[0]:
-            return version, False
         final = settings.home / "models" / version
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
+        known = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()
+        if known is not None:
+            # Its stored folder deleted by hand (a disk cleaned): the same version is the same
+            # bytes, so they go back where the row points, not "nothing changed" over a hole.
+            if known[0] == str(final.resolve()) and not (final / "config.json").exists():
+                _put_in_place(staging, final)
+            return version, False
+        _put_in_place(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    record_model(con, settings, final, version, "imported", f"imported from {path.name} as {dtype}",
-                 str(path.resolve()), source_digest(path), cycle_id)
+    try:
+        record_model(con, settings, final, version, "imported", f"imported from {path.name} as {dtype}",
+                     str(path.resolve()), source_digest(path), cycle_id)
+    except BaseException:  # not recorded, so no one uses it: a folder left here would look imported
+        shutil.rmtree(final, ignore_errors=True)
+        raise
     return version, True
+
+
+def _put_in_place(staging: Path, final: Path) -> None:
+    """One rename, so a reader sees no folder or a whole one. A folder already at `final`
+    is one no row points to (what a killed import left) or a deleted one's remains."""
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
 
 
 def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_dir: Path, version: str,

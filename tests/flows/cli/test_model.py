@@ -56,3 +56,19 @@ def test_before_anything_is_written_the_commands_say_so_and_create_nothing(tmp_p
         assert f"no lake at {home} yet" in " ".join(result.output.split()), (argv, result.output)
     assert not home.exists()
 
+
+
+def test_import_of_a_folder_models_refuses_is_one_line(tmp_path, monkeypatch):
+    """Whatever `models` refuses to record (tasks.release.models.ModelFolderError) after the
+    conversion passed: exit 1 with its message, not a traceback."""
+    import trainer.model_facts
+    from flows.demo.tiny_model import init_model
+
+    def refuse(model_dir):
+        raise ValueError("config.json gives no context length")
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(trainer.model_facts, "read_facts", refuse)
+    result = runner.invoke(app, ["model", "import", str(init_model(tmp_path / "tiny"))])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert "is not a model flywheel can use" in " ".join(result.output.split())

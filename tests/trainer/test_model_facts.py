@@ -1,0 +1,84 @@
+"""What a model folder says about itself, on folders as users bring them: sharded
+weights, a Mistral-style `consolidated.safetensors` beside the HF shards, weights cut
+short by a failed copy, a tokenizer that gives no way to stop."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from flows.demo.tiny_model import init_model
+from trainer.model_facts import parameter_count, read_facts
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return init_model(tmp_path / "tiny")
+
+
+def _loaded_parameters(folder) -> int:
+    return sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(str(folder)).parameters())
+
+
+def test_parameters_are_those_of_the_weights_transformers_loads(tiny, tmp_path):
+    expected = _loaded_parameters(tiny)
+    assert parameter_count(tiny) == expected
+    # Mistral's releases ship the original `consolidated.safetensors` beside the HF files;
+    # transformers loads only model.safetensors (or the index's shards), so must the count.
+    shutil.copy(tiny / "model.safetensors", tiny / "consolidated.safetensors")
+    assert parameter_count(tiny) == expected
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(str(tiny)).save_pretrained(str(sharded), max_shard_size="1MB")
+    shutil.copy(tiny / "model.safetensors", sharded / "consolidated.safetensors")
+    assert (sharded / "model.safetensors.index.json").exists()
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    assert parameter_count(sharded) == expected
+
+
+def test_weights_cut_short_or_garbled_are_a_clear_error(tiny):
+    weights = tiny / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])  # a copy that stopped half way
+    with pytest.raises(ValueError, match="model.safetensors is truncated"):
+        parameter_count(tiny)
+    weights.write_bytes(b"\xff" * 64 + data[64:])  # not a safetensors header at all
+    with pytest.raises(ValueError, match="model.safetensors is not a safetensors file"):
+        parameter_count(tiny)
+
+
+def test_a_tokenizer_that_gives_no_stop_token_is_refused(tiny):
+    """No eos and a template that writes no special token after an assistant's turn: every
+    completion would run to its budget, so the folder is not one flywheel can use."""
+    config = json.loads((tiny / "tokenizer_config.json").read_text())
+    del config["eos_token"]
+    (tiny / "tokenizer_config.json").write_text(json.dumps(config))
+    (tiny / "generation_config.json").unlink()
+    (tiny / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(ValueError, match="no stop token"):
+        read_facts(tiny)
+
+
+def test_the_default_of_named_chat_templates_is_the_recorded_template(tiny):
+    """Hermes, Command-R and older Mistral releases list named templates ("default",
+    "tool_use"); the chat endpoint renders "default", so that is the model's template."""
+    template = (tiny / "chat_template.jinja").read_text()
+    (tiny / "chat_template.jinja").unlink()
+    config = json.loads((tiny / "tokenizer_config.json").read_text())
+    config["chat_template"] = [{"name": "default", "template": template},
+                               {"name": "tool_use", "template": "{{ 'tools' }}" + template}]
+    (tiny / "tokenizer_config.json").write_text(json.dumps(config))
+    assert read_facts(tiny).chat_template == template
+
+
+@pytest.mark.parametrize("template", [
+    "{{ raise_exception('Conversation roles must alternate user/assistant') }}",  # as Mistral's do
+    "{% for m in messages %}{{ m.content | no_such_filter }}{% endfor %}",
+])
+def test_a_chat_template_that_cannot_render_a_turn_is_a_clear_error(tiny, template):
+    (tiny / "chat_template.jinja").write_text(template)
+    with pytest.raises(ValueError, match="chat template cannot render a user and an assistant turn"):
+        read_facts(tiny)
