@@ -34,8 +34,17 @@ def load_policy(path: str):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return model, pad_id
+    return model, pad_token_id(tokenizer)
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id padded positions hold: pad, else eos, else 0. Any id does: a batch masks its
+    padding by each row's length (rollout_data.pad_batch), never by value; a tokenizer
+    with neither (its chat template ends a turn with a token of its own) must still train."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return candidate
+    return 0
 
 
 def with_lora(model, cfg):
