@@ -63,12 +63,24 @@ def resolve_source(source: str) -> Path:
     if path.is_file() and path.suffix == ".gguf":
         return path
     if path.is_dir() and (path / "config.json").exists():
+        _check_config_file(path / "config.json")
         return path
     if not path.exists() and ("://" in source or source.count("/") == 1):
         raise ModelImportError(f"{source}: no such folder, and flywheel does not download models; fetch it "
                                "first (e.g. `huggingface-cli download ID --local-dir DIR`) and import DIR")
     raise ModelImportError(f"{source}: expected a Hugging Face model folder (with config.json), a .gguf file "
                        f"or a bundled model name ({', '.join(sorted(BUNDLED))})")
+
+
+def _check_config_file(path: Path) -> None:
+    """config.json must be a JSON object: transformers meets a list or a string with a
+    TypeError deep in its loaders, which is no message for a user."""
+    try:
+        config = json.loads(path.read_bytes())
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError of bytes that are no text
+        raise ModelImportError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ModelImportError(f"{path} must be a JSON object, got a JSON {type(config).__name__}")
 
 
 def source_digest(path: Path) -> str:

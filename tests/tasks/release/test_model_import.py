@@ -146,6 +146,18 @@ def test_a_hub_id_or_url_says_flywheel_does_not_download(lake_settings, monkeypa
     assert result.exit_code == 1 and "does not download" in output and "--local-dir" in output, result.output
 
 
+@pytest.mark.parametrize("config, message", [("[]", "must be a JSON object, got a JSON list"),
+                                             ('"llama"', "must be a JSON object, got a JSON str"),
+                                             ("{oops", "is not JSON")])
+def test_a_config_that_is_no_json_object_is_one_line(lake_settings, monkeypatch, tiny, config, message):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
+    (tiny / "config.json").write_text(config)
+    result = CliRunner().invoke(app, ["model", "import", str(tiny)])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1 and f"error: {tiny}/config.json {message}" in output, result.output
+    assert _models_left(lake_settings) == []
+
+
 def test_a_failure_after_conversion_leaves_no_folder_behind(lake_settings, tiny, monkeypatch):
     """Storing the converted folder fails (the bucket is unreachable): no row, and no folder
     under FLYWHEEL_HOME/models that a later import or a reader could take for a model."""
