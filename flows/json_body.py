@@ -21,7 +21,10 @@ _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
 
 def parse_json_body(body: bytes) -> Any:
     """The parsed body; ValueError saying what is wrong when it is not JSON that can be sent on."""
-    parsed = json.loads(body, parse_constant=_refuse_constant)
+    try:
+        parsed = json.loads(body, parse_constant=_refuse_constant)
+    except RecursionError:  # Python's parser recurses per level: a hostile body must not be a 500
+        raise ValueError("JSON nested too deeply to read") from None
     if _MAYBE_SURROGATE.search(body):
         try:
             json.dumps(parsed, ensure_ascii=False).encode()

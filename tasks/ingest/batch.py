@@ -145,10 +145,7 @@ def is_gateway_source(settings: LakeSettings, uri: str, path: Path) -> bool:
     its bytes' batch id would keep the file from ever being ingested as what it is)."""
     if uri.startswith(settings.landing_uri.rstrip("/") + "/" + GATEWAY_FOLDER):
         return True
-    try:
-        return is_gateway_record(first_line(path))
-    except RecursionError:  # nested past what Python's json reads: no gateway record; checks.py says why
-        return False
+    return is_gateway_record(first_line(path))
 
 
 @contextlib.contextmanager

@@ -200,6 +200,8 @@ def parse_line(raw: bytes) -> tuple[str, dict | None, str | None, str | None]:
         record = json.loads(text)
     except ValueError as exc:
         return text, None, "bad_json", f"not valid JSON: {exc}"
+    except RecursionError:  # no gateway writes this (it refuses such a body): a file made elsewhere
+        return text, None, "too_deep", "JSON nested too deeply for Python's parser"
     if not isinstance(record, dict):
         return text, None, "not_object", f"expected a JSON object per line, got a JSON {type(record).__name__}"
     problem = record_problem(record)

@@ -52,7 +52,7 @@ def is_gateway_record(line: bytes) -> bool:
     gateway and spool seq that wrote it): a failure log never has `type`, `gateway`, `seq`."""
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past what Python's parser reads: no record of ours
         return False
     return (isinstance(record, dict) and record.get("type") in RECORD_TYPES
             and isinstance(record.get("gateway"), str) and isinstance(record.get("seq"), int))

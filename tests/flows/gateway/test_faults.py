@@ -40,6 +40,7 @@ def test_what_json_cannot_carry_on_is_a_400_and_a_wrong_shape_a_422(gateway):
     cases = {  # each was a 500 once: the spool, httpx or the response renderer met it later
         b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}': (400, "NaN is not JSON"),
         b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}': (400, "lone UTF-16 surrogate"),
+        b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}": (400, "nested too deeply"),  # RecursionError
         b'{"messages": [{"role": "user", "content": "hi"}], "stream": true, "stream_options": "x"}':
             (422, "`stream_options` must be an object"),
         b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}': (422, "`stream` must be true or false"),

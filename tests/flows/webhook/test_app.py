@@ -92,6 +92,7 @@ REJECTIONS = {
     "non-ASCII digit": (401, lambda u: httpx.post(f"{u}/hooks/ingest", json={"paths": ["x"]},
                                                   headers=[(b"Flywheel-Signature", b"t=\xb2,v1=ab")])),
     "lone surrogate": (400, lambda u: post(u, "ingest", None, raw=b'{"paths": ["a\\ud800"]}')),
+    "nested 5000 deep": (400, lambda u: post(u, "ingest", None, raw=b'{"paths": ' + b"[" * 5000 + b"]" * 5000 + b"}")),
     "unknown parameter": (422, lambda u: post(u, "ingest", {"paths": ["x"], "rm_rf": True})),
     "empty paths": (422, lambda u: post(u, "ingest", {"paths": []})),
     "wrong type": (422, lambda u: post(u, "ingest", {"paths": ["x"], "chunk_lines": "many"})),

@@ -195,15 +195,17 @@ def test_broken_lines_are_quarantined_and_the_rest_lands(lake_settings, landing)
     bad_record = json.dumps({**call(8, "x"), "seq": "eight"})
     path = write_gateway_file(landing, [call(1, "71")],
                               extra_lines=['{"type": "call", "id": ', "[1, 2]", bad_record,
-                                           json.dumps({"type": "ping", "id": "x"})])
+                                           json.dumps({"type": "ping", "id": "x"}),
+                                           "[" * 5000 + "]" * 5000])  # a RecursionError failed the file
     con = open_lake(lake_settings)
     result = ingest_source(con, lake_settings, str(path), CFG, "c1")
-    assert (result.interactions, result.rows_quarantined) == (1, 4)
+    assert (result.interactions, result.rows_quarantined) == (1, 5)
     rows = _rows(con, "SELECT line_no, kind, reason, raw FROM lake.quarantine ORDER BY line_no")
-    assert [r[:2] for r in rows] == [(2, "bad_json"), (3, "not_object"), (4, "bad_record"), (5, "bad_record")]
+    assert [r[:2] for r in rows] == [(2, "bad_json"), (3, "not_object"), (4, "bad_record"), (5, "bad_record"),
+                                     (6, "too_deep")]
     assert rows[0][2].startswith("not valid JSON") and rows[0][3] == '{"type": "call", "id": '
     assert rows[2][2] == "call `seq` must be int, got str" and rows[3][2].startswith("`type` must be one of call")
-    assert _rows(con, "SELECT rows_ok, rows_quarantined FROM lake.ingest_batches") == [(1, 4)]
+    assert _rows(con, "SELECT rows_ok, rows_quarantined FROM lake.ingest_batches") == [(1, 5)]
 
 
 def test_a_truncated_file_keeps_what_it_had(lake_settings, landing):
