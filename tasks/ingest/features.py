@@ -85,8 +85,7 @@ WITH parsed AS (
 ), fields AS (
   SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AS is_json,
     CASE WHEN v IS NULL THEN 'INVALID' WHEN {_NO_FIELD} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
-    {_python_reads_sql()},
-    {_FIELD_COLUMNS}
+    {_python_reads_sql()}, {_FIELD_COLUMNS}
   FROM parsed
 ), nested AS (
   SELECT *,
