@@ -20,5 +20,6 @@ Reads: `tasks` (not held out, not retired), `models`. Writes: `rollouts`, `verdi
               groups with reward variance plus the references' NLL (trainer.sft), and
               records its per-step metrics and the new candidate model. A round with
               neither learns nothing and says so.
-Ids are content hashes, so rerunning a round writes nothing new.
+Ids are content hashes, so rerunning a round writes nothing new. `checkpoints` is not a
+stage: lake maintenance calls it to delete the training checkpoints of completed cycles.
 """
