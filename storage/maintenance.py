@@ -49,10 +49,16 @@ class MaintenanceConfig:
     """Expire snapshots older than this many days (time travel stops there). 0: keep all."""
     file_grace_hours: float = 24.0
     """Unreferenced files are deleted only once this old (readers and writers in flight)."""
+    model_weights_days: float = 0.0
+    """Delete the weights of models nothing serves (rejected, or a candidate its own cycle
+    went past) this many days after their cycle completed: tasks/release/retention.py.
+    0: keep every model's weights."""
 
     def __post_init__(self) -> None:
         if self.max_file_mb < 1:
             raise ValueError(f"max_file_mb must be at least 1, got {self.max_file_mb}")
+        if not 0 <= self.model_weights_days < math.inf:
+            raise ValueError(f"model_weights_days must be finite and >= 0 (0: keep all), got {self.model_weights_days}")
         if not (0 <= self.snapshot_retention_days < math.inf and 0 <= self.file_grace_hours < math.inf):
             raise ValueError("snapshot_retention_days and file_grace_hours must be finite and >= 0 (0 days: keep every "
                              f"snapshot), got {self.snapshot_retention_days} and {self.file_grace_hours}")

@@ -86,6 +86,17 @@ class ObjectStore:
             self.upload(path, bucket, f"{prefix.rstrip('/')}/{path.relative_to(folder).as_posix()}")
         return f"s3://{bucket}/{prefix.rstrip('/')}/"
 
+    def remove_prefix(self, bucket: str, prefix: str) -> int:
+        """Delete every object under `prefix`; how many there were."""
+        from minio.deleteobjects import DeleteObject
+
+        keys = [DeleteObject(info.key) for info in self.list(bucket, prefix.rstrip("/") + "/")]
+        with self._translate(f"s3://{bucket}/{prefix}"):
+            errors = list(self.client.remove_objects(bucket, keys))  # lazy: nothing is deleted unless read
+        if errors:
+            raise ObjectStoreError(f"s3://{bucket}/{prefix}: {len(errors)} objects not deleted: {errors[0]}")
+        return len(keys)
+
     def download_dir(self, bucket: str, prefix: str, folder: Path) -> Path:
         prefix = prefix.rstrip("/") + "/"
         for info in self.list(bucket, prefix):

@@ -113,12 +113,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pass_rate", pa.float64()), ("pass_low", pa.float64()), ("pass_high", pa.float64()),
         ("route", pa.string()), ("reason", pa.string())),
     # source .. chat_template: what an imported or registered model is (NULL for a trained
-    # one, which has its parent's)
+    # one, which has its parent's); weights_deleted_at: when lake maintenance deleted the
+    # weights of a model no one serves (tasks/release/retention.py), NULL while they exist
     "models": _schema(
         ("policy_version", pa.string()), ("parent_version", pa.string()), ("uri", pa.string()),
         ("status", pa.string()), ("reason", pa.string()), ("created_at", _TS),
         added=(("source", pa.string()), ("sha256", pa.string()), ("parameters", pa.int64()),
-               ("context_length", pa.int32()), ("chat_template", pa.string()))),
+               ("context_length", pa.int32()), ("chat_template", pa.string()), ("weights_deleted_at", _TS))),
     # contaminated items are scored but kept out of every headline number
     "evaluations": _schema(
         ("policy_version", pa.string()), ("eval_set", pa.string()), ("eval_version", pa.string()),

@@ -15,6 +15,7 @@ import typer
 from flows.cli.show import error_line, rich_console
 from storage.config_file import ConfigError
 from storage.lake import LakeError
+from storage.objects import ObjectStoreError
 
 lake_app = typer.Typer(help="Upkeep of the lake itself.", no_args_is_help=True)
 
@@ -27,18 +28,21 @@ def maintain_command(
     grace_hours: Annotated[float | None, typer.Option(min=0, help=(
         "Delete unreferenced files only once this old. Default: \\[maintenance] file_grace_hours."))] = None,
 ) -> None:
-    """Merge small files, write inlined rows out, delete merged-away and orphaned files."""
+    """Merge small files, write inlined rows out, delete merged-away and orphaned files, the
+    checkpoints of completed cycles and, if asked ([maintenance] model_weights_days), old
+    models' weights."""
     from storage.maintenance import maintain_configured_lake
+    from tasks.release.retention import drop_configured_weights
     from tasks.round.checkpoints import drop_configured_checkpoints
 
     console = rich_console()
     try:
         report = maintain_configured_lake(snapshot_retention_days=retention_days, file_grace_hours=grace_hours)
-        dropped = drop_configured_checkpoints()
+        dropped, weights = drop_configured_checkpoints(), drop_configured_weights()
     except (ConfigError, LakeError) as exc:
         console.print(error_line(exc))
         raise typer.Exit(2) from None
-    except duckdb.Error as exc:
+    except (duckdb.Error, ObjectStoreError) as exc:
         console.print(error_line(f"maintenance stopped, nothing half done (run it again): {exc}"))
         raise typer.Exit(1) from None
     console.print(f"data files read by the newest snapshot: {report.files_before:,} -> {report.files_after:,} "
@@ -48,4 +52,5 @@ def maintain_command(
                   f"snapshots expired {report.snapshots_expired:,}, kept {report.snapshots_left:,}; "
                   f"{report.seconds:.1f} s")
     console.print(f"training checkpoints of completed cycles deleted: {dropped.jobs:,} jobs, "
-                  f"{dropped.bytes / 2**30:.2f} GiB")
+                  f"{dropped.bytes / 2**30:.2f} GiB; weights of old rejected and passed-over models deleted: "
+                  f"{weights.models:,} models, {weights.bytes / 2**30:.2f} GiB ([maintenance] model_weights_days)")

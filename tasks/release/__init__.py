@@ -18,5 +18,6 @@ Reads: `models`, `eval_items` (newest version of every set), `tasks` (the held-o
                production (the old one retired) or rejected; a manual promotion or
                rollback goes through the same function, recorded as manual.
 `models` is the model registry: where each version's folder lives, locally or in the
-bucket, and which one is production.
+bucket, and which one is production. `retention`, called by lake maintenance when
+asked, deletes the weights of models nothing serves and marks their rows.
 """

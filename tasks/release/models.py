@@ -47,10 +47,13 @@ def publish_model(settings: LakeSettings, model_dir: Path, version: str) -> str:
 
 
 def local_model_dir(settings: LakeSettings, con: duckdb.DuckDBPyConnection, version: str) -> Path:
-    row = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()
+    row = con.execute("SELECT uri, weights_deleted_at FROM lake.models WHERE policy_version = ?",
+                      [version]).fetchone()
     if row is None:
         raise ModelNotFound(f"no model {version!r} in the lake (`flywheel model list` shows them)")
-    uri = row[0]
+    uri, deleted = row
+    if deleted is not None:
+        raise ModelNotFound(weights_deleted(version, deleted))
     if not uri.startswith("s3://"):
         return Path(uri)
     cache = settings.home / "models" / version
@@ -58,6 +61,11 @@ def local_model_dir(settings: LakeSettings, con: duckdb.DuckDBPyConnection, vers
         bucket, prefix = parse_s3_uri(uri)
         ObjectStore(settings).download_dir(bucket, prefix, cache)
     return cache
+
+
+def weights_deleted(version: str, when) -> str:
+    return (f"the weights of model {version!r} were deleted by lake maintenance on {when:%Y-%m-%d} "
+            "([maintenance] model_weights_days): its rows stay, it cannot be loaded")
 
 
 def production_version(con: duckdb.DuckDBPyConnection) -> str:

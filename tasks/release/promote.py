@@ -20,7 +20,7 @@ import duckdb
 from storage.lake import transaction
 from tasks.release.decisions import NOTHING_TRAINED, recorded_decision
 from tasks.release.gate import GateDecision
-from tasks.release.models import retire_production
+from tasks.release.models import retire_production, weights_deleted
 from tasks.reports.cycle_report import pass_at_1_by_cycle
 
 if TYPE_CHECKING:
@@ -42,9 +42,12 @@ def promote(con: duckdb.DuckDBPyConnection, version: str, reason: str, *, manual
     """Make `version` the production model and retire the one(s) before it, in one commit."""
     who = "manual" if manual else "gate"
     with transaction(con, f"model promote {version} ({who})"):
-        row = con.execute("SELECT status FROM lake.models WHERE policy_version = ?", [version]).fetchone()
+        row = con.execute("SELECT status, weights_deleted_at FROM lake.models WHERE policy_version = ?",
+                          [version]).fetchone()
         if row is None:
             raise ModelError(f"no model {version!r} in the lake; `flywheel model list` shows the versions")
+        if row[1] is not None:
+            raise ModelError(weights_deleted(version, row[1]))
         previous = retire_production(con, version, f"{who}: superseded by {version}: {reason}")
         if row[0] == "production" and not previous:
             return Promotion(version, (), changed=False)

@@ -17,6 +17,6 @@ def test_the_flow_merges_the_configured_lake(tmp_path, monkeypatch):
 
     report = lake_maintenance_flow()
     assert (report["files_before"], report["files_after"], report["orphans_deleted"]) == (COMMITS, 1, 1)
-    assert report["checkpoint_jobs_dropped"] == 0  # no cycle trained here
+    assert report["checkpoint_jobs_dropped"] == report["model_weights_dropped"] == 0  # no cycle trained here
     con = open_lake(settings, read_only=True)
     assert con.execute("SELECT count(*) FROM lake.quarantine").fetchone()[0] == COMMITS * 50 + 9

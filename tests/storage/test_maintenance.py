@@ -97,6 +97,9 @@ def test_maintenance_config_refuses_what_cannot_be_meant():
     for endless in (float("nan"), float("inf")):  # a NaN reached int() and crashed the maintenance
         with pytest.raises(ValueError, match="must be finite and >= 0"):
             MaintenanceConfig(file_grace_hours=endless)
+    for days in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="model_weights_days must be finite and >= 0"):
+            MaintenanceConfig(model_weights_days=days)
 
 
 def test_the_command_reports_what_it_did(tmp_path, monkeypatch):
@@ -105,9 +108,10 @@ def test_the_command_reports_what_it_did(tmp_path, monkeypatch):
     con.close()
     monkeypatch.setenv("FLYWHEEL_HOME", str(settings.home))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "flywheel.toml").write_text("[maintenance]\nfile_grace_hours = 0\n")
+    (tmp_path / "flywheel.toml").write_text("[maintenance]\nfile_grace_hours = 0\nmodel_weights_days = 30\n")
     result = CliRunner().invoke(app, ["lake", "maintain"])
     assert result.exit_code == 0, result.output
     assert f"{COMMITS} -> 1" in result.output and "1 orphaned files" in result.output
+    assert "0 jobs, 0.00 GiB" in result.output and "0 models, 0.00 GiB" in result.output
     bad = CliRunner().invoke(app, ["lake", "maintain"], env={"FLYWHEEL_MAINTENANCE_MAX_FILE_MB": "0"})
     assert bad.exit_code == 2 and "max_file_mb" in bad.output

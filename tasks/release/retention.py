@@ -1,0 +1,89 @@
+"""The weights of models nothing will serve, deleted by lake maintenance when asked.
+
+Every round of a cycle exports a model (540 MB for SmolLM2-135M in float32, ~14 GB for a
+7B model in bf16) and the gate keeps at most the cycle's last one: the rounds before it
+stay `candidate`, a refused one becomes `rejected`, and both keep their weights for
+ever. With `[maintenance] model_weights_days` > 0 their weights are deleted that many
+days after their cycle completed, and the row says when (`models.weights_deleted_at`):
+its lineage, evaluations and training metrics stay, and `promote` or anything that
+would load it says the weights are gone rather than failing on a missing folder.
+
+Left alone: production, retired models (the rollback targets), imported and registered
+ones, models of cycles running or failed, and any folder outside FLYWHEEL_HOME (a model
+registered from the user's own folder is theirs).
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import duckdb
+
+from storage.config_file import lake_settings, load_section
+from storage.lake import open_lake, transaction
+from storage.maintenance import MaintenanceConfig
+from storage.objects import ObjectStore, parse_s3_uri
+from storage.settings import LakeSettings
+
+
+@dataclass(frozen=True)
+class WeightsDropped:
+    models: int
+    """Models whose weights were deleted (and marked so)."""
+    bytes: int
+    """Bytes freed on this machine (objects deleted from the bucket are not counted)."""
+
+
+def drop_old_weights(con: duckdb.DuckDBPyConnection, settings: LakeSettings, days: float,
+                     now: datetime | None = None) -> WeightsDropped:
+    """Delete the weights of the models the module docstring names, older than `days`
+    since their cycle completed; 0 days deletes nothing."""
+    if days <= 0:
+        return WeightsDropped(0, 0)
+    cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=days)
+    due = con.execute(
+        "SELECT m.policy_version, m.uri FROM lake.models m JOIN lake.cycles c USING (cycle_id) "
+        "WHERE m.status IN ('rejected', 'candidate') AND m.weights_deleted_at IS NULL "
+        "AND c.status = 'completed' AND c.finished_at < ? ORDER BY m.policy_version", [cutoff]).fetchall()
+    dropped, freed = 0, 0
+    for version, uri in due:
+        folders = [settings.home / "models" / version]  # an S3 model's local copy
+        if uri.startswith("s3://"):
+            ObjectStore(settings).remove_prefix(*parse_s3_uri(uri))
+        elif _inside(Path(uri), settings.home):
+            folders.append(Path(uri))
+        else:
+            continue  # a folder of the user's own
+        freed += sum(_delete(folder) for folder in folders)
+        with transaction(con, f"model {version[:12]}: weights deleted by maintenance"):
+            con.execute("UPDATE lake.models SET weights_deleted_at = ? WHERE policy_version = ?",
+                        [now or datetime.now(timezone.utc), version])
+        dropped += 1
+    return WeightsDropped(dropped, freed)
+
+
+def drop_configured_weights() -> WeightsDropped:
+    """`drop_old_weights` on the lake and `[maintenance]` policy flywheel.toml names."""
+    cfg = load_section(MaintenanceConfig, "maintenance")
+    if cfg.model_weights_days <= 0:
+        return WeightsDropped(0, 0)
+    settings = lake_settings()
+    con = open_lake(settings)
+    try:
+        return drop_old_weights(con, settings, cfg.model_weights_days)
+    finally:
+        con.close()
+
+
+def _inside(path: Path, home: Path) -> bool:
+    return path.resolve().is_relative_to(home.resolve())
+
+
+def _delete(folder: Path) -> int:
+    if not folder.is_dir() or folder.is_symlink():
+        return 0
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink())
+    shutil.rmtree(folder)
+    return size

@@ -1,0 +1,71 @@
+"""Lake maintenance deletes the weights of models nothing serves, when asked, and says so after."""
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+
+from storage.lake import append_rows, open_lake, transaction
+from storage.objects import ObjectStore
+from storage.schemas import SCHEMAS
+from tasks.release.models import ModelNotFound, local_model_dir, publish_model
+from tasks.release.promote import ModelError, promote
+from tasks.release.retention import drop_old_weights
+
+NOW = datetime(2026, 12, 20, tzinfo=timezone.utc)
+CYCLES = {"c-old": ("completed", 10), "c-new": ("completed", 1), "c-failed": ("failed", 10)}  # status, days ago
+
+
+def _folder(path, size: int = 1000):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"w" * size)
+    return path
+
+
+def _lake(settings, models):
+    con = open_lake(settings)
+    with transaction(con):
+        append_rows(con, "models", pa.Table.from_pylist([
+            {"policy_version": v, "parent_version": None, "uri": uri, "status": s, "reason": None,
+             "created_at": NOW - timedelta(days=30), "cycle_id": c} for v, s, c, uri in models],
+            schema=SCHEMAS["models"]))
+        append_rows(con, "cycles", pa.Table.from_pylist([
+            {"cycle_id": c, "started_at": NOW - timedelta(days=ago), "finished_at": NOW - timedelta(days=ago),
+             "status": s, "snapshot_id": None, "stage_seconds": "{}", "stage_counts": "{}", "reason": None}
+            for c, (s, ago) in CYCLES.items()], schema=SCHEMAS["cycles"]))
+    return con
+
+
+def test_old_rejected_and_passed_over_weights_go_and_their_rows_say_so(lake_settings, tmp_path):
+    jobs = lake_settings.home / "jobs"
+    models = [(v, s, c, str(_folder(jobs / v / "model"))) for v, s, c in [
+        ("rejected", "rejected", "c-old"), ("round-1", "candidate", "c-old"), ("prod", "production", "c-old"),
+        ("retired", "retired", "c-old"), ("recent", "rejected", "c-new"), ("failed-cycle", "rejected", "c-failed")]]
+    models.append(("users-own", "rejected", "c-old", str(_folder(tmp_path / "my-model"))))  # outside the home
+    con = _lake(lake_settings, models)
+    assert drop_old_weights(con, lake_settings, 0, NOW).models == 0  # 0 days: keep all
+    dropped = drop_old_weights(con, lake_settings, 7, NOW)
+    assert (dropped.models, dropped.bytes) == (2, 2 * (1000 + 2))
+    assert sorted(p.parent.name for p in jobs.glob("*/model")) == ["failed-cycle", "prod", "recent", "retired"]
+    assert (tmp_path / "my-model" / "model.safetensors").exists()
+    marked = con.execute("SELECT policy_version FROM lake.models WHERE weights_deleted_at IS NOT NULL "
+                         "ORDER BY 1").fetchall()
+    assert marked == [("rejected",), ("round-1",)]
+    with pytest.raises(ModelNotFound, match="were deleted by lake maintenance on 2026-12-20"):
+        local_model_dir(lake_settings, con, "rejected")
+    with pytest.raises(ModelError, match="weights of model 'round-1' were deleted"):
+        promote(con, "round-1", "try it after all")
+    assert con.execute("SELECT status FROM lake.models WHERE policy_version = 'prod'").fetchone() == ("production",)
+    assert drop_old_weights(con, lake_settings, 7, NOW).models == 0  # done once
+
+
+def test_a_models_objects_in_the_bucket_go_with_its_local_copy(s3_lake_settings, tmp_path):
+    store = ObjectStore(s3_lake_settings)
+    store.ensure_bucket()
+    uri = publish_model(s3_lake_settings, _folder(tmp_path / "trained"), "rejected")
+    con = _lake(s3_lake_settings, [("rejected", "rejected", "c-old", uri)])
+    cached = local_model_dir(s3_lake_settings, con, "rejected")  # a job downloaded it once
+    assert (cached / "model.safetensors").exists()
+    dropped = drop_old_weights(con, s3_lake_settings, 7, NOW)
+    assert (dropped.models, dropped.bytes) == (1, 1000 + 2)
+    assert list(store.list(s3_lake_settings.s3_bucket, "models/")) == [] and not cached.exists()
