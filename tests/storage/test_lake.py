@@ -196,13 +196,15 @@ def test_two_processes_write_a_postgres_catalog_at_once(tmp_path, pg_dsn):
 
 def test_a_lake_from_before_a_column_was_added_gains_it_on_open(lake_settings):
     con = open_lake(lake_settings)
-    con.execute("ALTER TABLE lake.ingest_batches DROP COLUMN source_version")  # as an older flywheel made it
+    for added in ("first_line", "source_version"):  # as an older flywheel made it
+        con.execute(f"ALTER TABLE lake.ingest_batches DROP COLUMN {added}")
     con.execute("INSERT INTO lake.ingest_batches VALUES ('b1', 'old.jsonl', 3, 0, now(), 'c0')")
     con.close()
     con = open_lake(lake_settings)
     columns = [row[0] for row in con.execute("DESCRIBE lake.ingest_batches").fetchall()]
     assert columns == SCHEMAS["ingest_batches"].names
-    assert con.execute("SELECT batch_id, source_version FROM lake.ingest_batches").fetchall() == [("b1", None)]
+    assert con.execute("SELECT batch_id, source_version, first_line FROM lake.ingest_batches").fetchall() == [
+        ("b1", None, None)]
     append_rows(con, "ingest_batches", pa.Table.from_pylist(
         [{"batch_id": "b2", "source_uri": "new.jsonl", "rows_ok": 1, "rows_quarantined": 0,
           "ingested_at": None, "cycle_id": "c1", "source_version": "10:1"}], schema=SCHEMAS["ingest_batches"]))
