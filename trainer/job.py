@@ -71,6 +71,12 @@ def read_job(job_dir: str | Path) -> TrainJob:
     return TrainJob(**{**raw, "config": GRPOConfig(**raw["config"])})
 
 
+def jobs_root(home: str | Path) -> Path:
+    """Where the train stage keeps its jobs under FLYWHEEL_HOME, one folder per trained
+    policy version (tasks/round/train.py)."""
+    return Path(home) / "jobs"
+
+
 def checkpoint_dir(job_dir: str | Path) -> Path:
     return Path(job_dir) / "checkpoints"
 

@@ -26,6 +26,7 @@ from storage.lake import open_lake, transaction
 from storage.maintenance import MaintenanceConfig
 from storage.objects import ObjectStore, parse_s3_uri
 from storage.settings import LakeSettings
+from trainer.job import jobs_root, model_dir
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,8 @@ def drop_old_weights(con: duckdb.DuckDBPyConnection, settings: LakeSettings, day
         "AND c.status = 'completed' AND c.finished_at < ? ORDER BY m.policy_version", [cutoff]).fetchall()
     dropped, freed = 0, 0
     for version, uri in due:
-        folders = [settings.home / "models" / version]  # an S3 model's local copy
+        # an S3 model's copies here: the job's export it was uploaded from, and a download
+        folders = [model_dir(jobs_root(settings.home) / version), settings.home / "models" / version]
         if uri.startswith("s3://"):
             ObjectStore(settings).remove_prefix(*parse_s3_uri(uri))
         elif _inside(Path(uri), settings.home):

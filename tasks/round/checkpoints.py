@@ -24,7 +24,7 @@ import duckdb
 
 from storage.config_file import lake_settings
 from storage.lake import open_lake
-from trainer.job import checkpoint_dir
+from trainer.job import checkpoint_dir, jobs_root
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,6 @@ class CheckpointsDropped:
     jobs: int
     """Jobs whose checkpoints were deleted."""
     bytes: int
-
-
-def jobs_root(home: Path) -> Path:
-    """Where the train stage writes its jobs, one folder per trained policy version."""
-    return Path(home) / "jobs"
 
 
 def drop_finished_checkpoints(con: duckdb.DuckDBPyConnection, root: Path) -> CheckpointsDropped:

@@ -32,9 +32,8 @@ from storage.lake import append_rows, transaction
 from storage.lake_turn import lake_released
 from storage.schemas import SCHEMAS
 from trainer.grpo import GRPOConfig
-from trainer.job import TrainJob, read_metrics, write_job
+from trainer.job import TrainJob, jobs_root, read_metrics, write_job
 from tasks.release.models import local_model_dir, publish_model
-from tasks.round.checkpoints import jobs_root
 from trainer.launch import run_training
 from trainer.model_facts import read_facts
 from trainer.rollout_data import group_rollouts, read_rollouts

@@ -62,10 +62,12 @@ def test_old_rejected_and_passed_over_weights_go_and_their_rows_say_so(lake_sett
 def test_a_models_objects_in_the_bucket_go_with_its_local_copy(s3_lake_settings, tmp_path):
     store = ObjectStore(s3_lake_settings)
     store.ensure_bucket()
-    uri = publish_model(s3_lake_settings, _folder(tmp_path / "trained"), "rejected")
+    exported = _folder(s3_lake_settings.home / "jobs" / "rejected" / "model")  # as the train stage left it
+    uri = publish_model(s3_lake_settings, exported, "rejected")
     con = _lake(s3_lake_settings, [("rejected", "rejected", "c-old", uri)])
     cached = local_model_dir(s3_lake_settings, con, "rejected")  # a job downloaded it once
     assert (cached / "model.safetensors").exists()
     dropped = drop_old_weights(con, s3_lake_settings, 7, NOW)
-    assert (dropped.models, dropped.bytes) == (1, 1000 + 2)
-    assert list(store.list(s3_lake_settings.s3_bucket, "models/")) == [] and not cached.exists()
+    assert (dropped.models, dropped.bytes) == (1, 2 * (1000 + 2))
+    assert list(store.list(s3_lake_settings.s3_bucket, "models/")) == []
+    assert not cached.exists() and not exported.exists()

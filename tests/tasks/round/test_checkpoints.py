@@ -5,7 +5,8 @@ import pyarrow as pa
 
 from storage.lake import append_rows, open_lake, transaction
 from storage.schemas import SCHEMAS
-from tasks.round.checkpoints import drop_finished_checkpoints, jobs_root
+from tasks.round.checkpoints import drop_finished_checkpoints
+from trainer.job import jobs_root
 
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 MODELS = [  # version, status, cycle
