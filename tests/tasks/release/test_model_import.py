@@ -75,18 +75,14 @@ def _without_weights(tiny, tmp_path):
     return tiny
 
 
-def _config_not_json(tiny, tmp_path):
-    (tiny / "config.json").write_text("{not json")
-    return tiny
-
-
 def _junk_gguf(tiny, tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"\x00" * 4096)
     return path
 
 
-@pytest.mark.parametrize("break_source", [_without_weights, _config_not_json, _junk_gguf])
+# a config.json that is not JSON: test_a_config_that_is_no_json_object_is_one_line
+@pytest.mark.parametrize("break_source", [_without_weights, _junk_gguf])
 def test_a_source_transformers_cannot_load_is_a_clear_error_that_changes_nothing(
         lake_settings, monkeypatch, tiny, tmp_path, break_source):
     monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
@@ -96,7 +92,6 @@ def test_a_source_transformers_cannot_load_is_a_clear_error_that_changes_nothing
     con = open_lake(lake_settings)
     assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 0
     assert not list((lake_settings.home / "models").glob(".import-*"))
-
 
 
 def _models_left(settings) -> list[str]:
