@@ -10,6 +10,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from flows.demo.tiny_model import init_model
+from tests.trainer.model_folders import without_stop_token
 from trainer.model_facts import parameter_count, read_facts
 
 
@@ -51,13 +52,7 @@ def test_weights_cut_short_or_garbled_are_a_clear_error(tiny):
 def test_a_tokenizer_that_gives_no_stop_token_is_refused(tiny):
     """No eos and a template that writes no special token after an assistant's turn: every
     completion would run to its budget, so the folder is not one flywheel can use."""
-    config = json.loads((tiny / "tokenizer_config.json").read_text())
-    del config["eos_token"]
-    (tiny / "tokenizer_config.json").write_text(json.dumps(config))
-    (tiny / "generation_config.json").unlink()
-    (tiny / "chat_template.jinja").write_text(
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}")
+    without_stop_token(tiny)
     with pytest.raises(ValueError, match="no stop token"):
         read_facts(tiny)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from storage.lake import open_lake
 from tasks.ingest.batch import IngestConfig, ingest_file
 from tests.tasks.logs import MALFORMED, valid_log, write_logs
@@ -91,13 +93,17 @@ def test_a_broken_message_beside_good_ones_is_quarantined(lake_settings, tmp_pat
                            "messages[1].role must be a string, got null"]
 
 
-def test_bad_json_reason_names_the_column(lake_settings, tmp_path):
+@pytest.mark.parametrize("line, reason", [
+    ('{"id": "a", "ts": oops}', "not valid JSON: Expecting value at column 19"),
+    # json's message for this one ends "... starting at": the column is said once
+    ('{"id": "a", "response": "cut off', "not valid JSON: Unterminated string starting at column 25"),
+])
+def test_bad_json_reason_names_the_column_once(lake_settings, tmp_path, line, reason):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"id": "a", "ts": oops}\n')
+    path.write_text(line + "\n")
     con = open_lake(lake_settings)
     ingest_file(con, path, str(path), CFG, "c1")
-    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == \
-        "not valid JSON: Expecting value at column 19"
+    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == reason
 
 
 def test_logs_written_as_one_json_array_are_refused_with_how_to_write_them(lake_settings, tmp_path):
@@ -143,15 +149,6 @@ def test_lines_python_cannot_read_as_duckdb_does_are_quarantined_with_a_reason(l
     assert got[5][2].startswith("a number has more than 4,300 digits")
     for reference, meta in con.execute("SELECT reference, meta FROM lake.failure_logs WHERE line_no > 1").fetchall():
         assert json.loads(reference) and json.loads(meta)  # what curation reads, as it reads it
-
-
-def test_a_json_error_reason_says_where_once(lake_settings, tmp_path):
-    path = tmp_path / "cut.jsonl"
-    path.write_text('{"id": "a", "response": "cut off\n')
-    con = open_lake(lake_settings)
-    ingest_file(con, path, str(path), CFG, "c1")
-    assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == \
-        "not valid JSON: Unterminated string starting at column 25"
 
 
 def test_a_utf16_file_is_quarantined_saying_so(lake_settings, tmp_path):

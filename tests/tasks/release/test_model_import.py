@@ -13,6 +13,7 @@ from flows.cli.app import app
 from flows.demo.tiny_model import ModelConfig, init_model
 from storage.lake import open_lake
 from tasks.release.models import ModelFolderError, import_model, register_model
+from tests.trainer.model_folders import without_stop_token
 from trainer.model_import import ModelImportError
 
 
@@ -121,13 +122,7 @@ def test_a_tokenizer_that_gives_no_stop_token_is_a_clear_error(lake_settings, mo
     """No eos_token and a template that ends an assistant's turn with plain text: nothing
     would stop a completion, so the import says so (it used to fail on `stops[0]`)."""
     monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
-    config = json.loads((tiny / "tokenizer_config.json").read_text())
-    del config["eos_token"]
-    (tiny / "tokenizer_config.json").write_text(json.dumps(config))
-    (tiny / "generation_config.json").unlink()
-    (tiny / "chat_template.jinja").write_text(
-        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}assistant: {% endif %}")
+    without_stop_token(tiny)
     result = CliRunner().invoke(app, ["model", "import", str(tiny)])
     output = " ".join(result.output.split())
     assert result.exit_code == 1 and "no stop token" in output and "Traceback" not in output, result.output
