@@ -1,11 +1,11 @@
 """Bring a model: a Hugging Face folder or a `.gguf` file -> a plain HF folder.
 
 GGUF is dequantized by transformers (`gguf_file=`, packages `gguf` and `accelerate`)
-to the requested dtype. The loaded model still carries a `quantization_config` and
+to the requested dtype (`auto`: float32). The loaded model still carries a `quantization_config` and
 `save_pretrained` refuses it, so its weights are copied into a plain instance of the
 same class built from the config without it. A folder with safetensors weights is
-copied as it is, only the files a loader reads (re-saved only to change the dtype or
-when it has .bin weights), once their headers show every file whole and shaped as the
+copied as it is, only the files a loader reads (re-saved only to change the dtype, which
+`auto` keeps, or when it has .bin weights), once their headers show every file whole and shaped as the
 config says (trainer.model_facts.weight_shapes), the config a causal LM with a context
 length.
 
@@ -96,10 +96,11 @@ def source_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def convert(source: Path, out_dir: Path, dtype: str) -> None:
-    """Write `source` as a plain HF folder (safetensors, tokenizer, chat template) at `out_dir`."""
-    if dtype not in DTYPES:
-        raise ModelImportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+def convert(source: Path, out_dir: Path, dtype: str = "auto") -> str:
+    """Write `source` as a plain HF folder (safetensors, tokenizer, chat template) at
+    `out_dir`; the dtype its weights were written in."""
+    if dtype not in DTYPES and dtype != "auto":
+        raise ModelImportError(f"dtype must be one of {sorted(DTYPES) + ['auto']}, got {dtype!r}")
     from transformers import AutoTokenizer
 
     gguf = {"gguf_file": source.name} if source.is_file() else {}
@@ -109,6 +110,7 @@ def convert(source: Path, out_dir: Path, dtype: str) -> None:
     _check_chat(source, tokenizer)
     if not gguf:  # a GGUF is always loaded below, which checks it (reading its config costs seconds)
         _check_folder(source)
+    dtype = _dtype_kept(source, gguf) if dtype == "auto" else dtype
     with _unreadable_as_import_error(source):
         plain = None if not gguf and _plain_copy_possible(source, dtype) else _load_plain(folder, gguf, dtype)
     if plain is None:
@@ -117,6 +119,23 @@ def convert(source: Path, out_dir: Path, dtype: str) -> None:
         plain.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     _write_generation_config(out_dir, tokenizer)
+    return dtype
+
+
+def _dtype_kept(source: Path, gguf: dict) -> str:
+    """What `auto` stores: a folder's own dtype, so a bfloat16 model is copied, not
+    loaded and doubled to float32 (the trainer keeps float32 master weights and the
+    engines load at their own dtype whatever is stored); float32 for a GGUF, whose
+    dequantized values bfloat16 would round, or a folder whose config names none."""
+    if gguf:
+        return "float32"
+    with _unreadable_as_import_error(source):
+        stored = _config_dtype(json.loads((source / "config.json").read_text()))
+    return stored if stored in DTYPES else "float32"
+
+
+def _config_dtype(config) -> object:
+    return (config.get("dtype") or config.get("torch_dtype")) if isinstance(config, dict) else None
 
 
 def _copy_model_files(folder: Path, out_dir: Path) -> None:
@@ -137,8 +156,7 @@ def _copy_model_files(folder: Path, out_dir: Path) -> None:
 
 def _plain_copy_possible(folder: Path, dtype: str) -> bool:
     config = json.loads((folder / "config.json").read_text())
-    stored = config.get("dtype") or config.get("torch_dtype")
-    return any(folder.glob("*.safetensors")) and stored == dtype and "quantization_config" not in config
+    return any(folder.glob("*.safetensors")) and _config_dtype(config) == dtype and "quantization_config" not in config
 
 
 def _check_chat(source: Path, tokenizer) -> None:

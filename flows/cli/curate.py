@@ -6,7 +6,7 @@ from typing import Annotated
 import duckdb
 import typer
 
-from flows.cli.show import error_line, rich_console
+from flows.cli.show import print_error, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 
@@ -26,7 +26,7 @@ def curate_command(
             counts = curate(con, cfg, cycle_id)
             covered = covered_item_count(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     console.print(f"curated {counts.logs:,} logs in {counts.seconds:.1f}s: kept {counts.kept:,} · "
                   f"duplicate {counts.duplicate:,} · near duplicate {counts.near_duplicate:,} · "

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.show import error_line, plain, rich_console
+from flows.cli.show import plain, print_error, rich_console
 
 
 def cycle_command(
@@ -28,13 +28,13 @@ def cycle_command(
     try:
         cycle_config()  # fail fast on a bad [cycle] in flywheel.toml, before Prefect starts
     except ConfigError as exc:
-        rich_console().print(error_line(exc))
+        print_error(rich_console(), exc)
         raise typer.Exit(2) from None
     if cycle_id is None and (problem := production_problem(lake_settings())):  # a resumed cycle knows its model
-        rich_console().print(error_line(problem))
+        print_error(rich_console(), problem)
         raise typer.Exit(1)
     if landing and (problem := _landing_problem(landing)):
-        rich_console().print(error_line(problem))
+        print_error(rich_console(), problem)
         raise typer.Exit(2)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.flywheel import CycleParams, flywheel_cycle
@@ -72,12 +72,12 @@ def model_register_command(
         settings = lake_settings()
         con = open_lake(settings)
     except (ConfigError, LakeError) as exc:
-        rich_console().print(error_line(exc))
+        print_error(rich_console(), exc)
         raise typer.Exit(2) from None
     try:
         version = register_model(con, settings, model_dir, reason)
     except ModelFolderError as exc:
-        rich_console().print(error_line(exc))
+        print_error(rich_console(), exc)
         raise typer.Exit(1) from None
     finally:
         con.close()

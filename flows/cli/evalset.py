@@ -8,7 +8,7 @@ import duckdb
 import typer
 from rich.table import Table
 
-from flows.cli.show import cell, error_line, plain, rich_console
+from flows.cli.show import cell, plain, print_error, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 
@@ -35,7 +35,7 @@ def add_command(
         with open_lake(lake_settings()) as con:
             result = register_evalset(con, name, file, cycle_id=cycle_id, verifiers=verifiers)
     except (EvalsetError, ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     if result.added:
         console.print(f"[green]registered[/green] {plain(name)} version {result.eval_version[:12]}: {result.items:,} items")
@@ -54,7 +54,7 @@ def list_command() -> None:
         with open_lake(lake_settings(), read_only=True) as con:  # a list writes nothing, a lake too
             rows = list_evalsets(con)
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     table = Table("eval_set", "eval_version", "items", "added_at", "latest")
     for r in rows:

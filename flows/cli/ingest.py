@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.show import error_line, plain, rich_console
+from flows.cli.show import plain, print_error, rich_console
 from storage.config_file import ConfigError, lake_settings
 
 
@@ -26,7 +26,7 @@ def ingest_command(
         cycle_config()  # a bad flywheel.toml fails here, before Prefect starts
         discover_sources(paths, lake_settings())
     except (IngestError, ObjectStoreError, ConfigError) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.ingest import ingest_flow

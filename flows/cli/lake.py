@@ -12,7 +12,7 @@ from typing import Annotated
 import duckdb
 import typer
 
-from flows.cli.show import error_line, rich_console
+from flows.cli.show import print_error, rich_console
 from storage.config_file import ConfigError
 from storage.lake import LakeError
 from storage.objects import ObjectStoreError
@@ -40,10 +40,10 @@ def maintain_command(
         report = maintain_configured_lake(snapshot_retention_days=retention_days, file_grace_hours=grace_hours)
         dropped, weights = drop_configured_checkpoints(), drop_configured_weights()
     except (ConfigError, LakeError) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     except (duckdb.Error, ObjectStoreError) as exc:
-        console.print(error_line(f"maintenance stopped, nothing half done (run it again): {exc}"))
+        print_error(console, f"maintenance stopped, nothing half done (run it again): {exc}")
         raise typer.Exit(1) from None
     console.print(f"data files read by the newest snapshot: {report.files_before:,} -> {report.files_after:,} "
                   f"({report.files_merged:,} merged into {report.files_written:,}; inlined rows of "

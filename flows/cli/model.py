@@ -16,7 +16,7 @@ import duckdb
 import typer
 from rich.table import Table
 
-from flows.cli.show import cell, error_line, plain, rich_console
+from flows.cli.show import cell, plain, print_error, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError, open_lake
 
@@ -25,9 +25,10 @@ def model_import_command(
     source: Annotated[str, typer.Argument(help="A Hugging Face model folder, a .gguf file, or `smollm2`.")],
     # The choices are trainer.model_import.DTYPES, torch dtypes: listing them here would
     # import torch for every `flywheel` command, so the refusal of a wrong one lists them.
-    dtype: Annotated[str, typer.Option(help="Weights' dtype in the stored folder (a wrong one is "
-                                       "refused with the choices).")]
-    = "float32",
+    dtype: Annotated[str, typer.Option(help="Weights' dtype in the stored folder; auto keeps a folder's own "
+                                       "and dequantizes a GGUF to float32 (a wrong one is refused with "
+                                       "the choices).")]
+    = "auto",
     production: Annotated[bool, typer.Option("--production", help="Also make it the production model.")]
     = False,
 ) -> None:
@@ -48,10 +49,10 @@ def model_import_command(
         finally:
             con.close()
     except (ModelImportError, ModelFolderError, ModelError, OSError) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     status, parameters, context, uri = row
     known = "" if new else " (already imported: nothing changed)"
@@ -71,7 +72,7 @@ def model_list_command() -> None:
         finally:
             con.close()
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     table = Table(title="models")
     for name in ("version", "parent", "status", "pass@1", "evaluated in", "reason"):
@@ -92,8 +93,8 @@ def model_promote_command(
 
     console = rich_console()
     if not reason.strip():  # stored with the model: an override must say why
-        console.print(error_line("--reason must say why (it is stored with the model); leave it out for "
-                                 "'no reason given'"))
+        print_error(console, "--reason must say why (it is stored with the model); leave it out for "
+                             "'no reason given'")
         raise typer.Exit(2)
     try:
         con = open_lake(lake_settings())
@@ -102,10 +103,10 @@ def model_promote_command(
         finally:
             con.close()
     except ModelError as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     if not result.changed:
         console.print(f"{plain(version)} already is the production model; nothing changed")

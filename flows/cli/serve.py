@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from flows.cli.show import error_line, plain, rich_console
+from flows.cli.show import plain, print_error, rich_console
 from storage.config_file import ConfigError, lake_settings, load_section
 
 if TYPE_CHECKING:
@@ -43,21 +43,21 @@ def serve_command(
     console = rich_console()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if pool not in (*POOLS, "none"):
-        console.print(error_line(f"--pool must be cpu, gpu or none, got {pool!r}"))
+        print_error(console, f"--pool must be cpu, gpu or none, got {pool!r}")
         raise typer.Exit(2)
     api_url = _api_url()
     if not api_url:
-        console.print(error_line(NO_SERVER))
+        print_error(console, NO_SERVER)
         raise typer.Exit(2)
     try:
         schedule = load_section(ScheduleConfig, "schedule")
         settings = lake_settings()
     except ConfigError as exc:
-        console.print(error_line(exc))
+        print_error(console, exc)
         raise typer.Exit(2) from None
     unreachable = asyncio.run(_check_server())
     if unreachable:
-        console.print(error_line(f"Prefect server at {api_url} is not reachable: {unreachable}"))
+        print_error(console, f"Prefect server at {api_url} is not reachable: {unreachable}")
         raise typer.Exit(2)
     if register:
         for line in register_deployments(schedule, settings, str(Path.cwd())):

@@ -28,5 +28,8 @@ def cell(value: object) -> Text:
     return Text(str(value))
 
 
-def error_line(message: object) -> str:
-    return f"[red]error:[/red] {plain(message)}"
+def print_error(console: Console, message: object) -> None:
+    """`error: message` on one line however long: soft wrap, so a path or a URL in it is
+    never folded into pieces (a terminal still wraps it, and a copy or a grep of a piped
+    log finds it whole)."""
+    console.print(f"[red]error:[/red] {plain(message)}", soft_wrap=True)

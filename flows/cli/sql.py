@@ -13,7 +13,7 @@ import duckdb
 import typer
 from rich.table import Table
 
-from flows.cli.show import cell, error_line, rich_console
+from flows.cli.show import cell, print_error, rich_console
 from storage.config_file import ConfigError, lake_settings
 from storage.lake import LakeError
 from storage.query import ReadOnlyViolation, query_batches
@@ -114,5 +114,5 @@ def _unique(names: list[str]) -> list[str]:
 
 
 def _fail(message: str) -> typer.Exit:
-    rich_console(stderr=True).print(error_line(message))
+    print_error(rich_console(stderr=True), message)
     return typer.Exit(code=2)

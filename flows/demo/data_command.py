@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli.show import error_line, plain, rich_console
+from flows.cli.show import plain, print_error, rich_console
 
 
 def demo_data_command(
@@ -27,7 +27,7 @@ def demo_data_command(
     try:
         manifest = generate_demo_data(out, config)
     except OSError as exc:  # --out somewhere nothing can be written (a file, no permission, a full disk)
-        console.print(error_line(f"--out {out}: {exc}"))
+        print_error(console, f"--out {out}: {exc}")
         raise typer.Exit(2) from None
     seconds = time.perf_counter() - started
     console.print(f"wrote {manifest.logs:,} log lines in {len(manifest.files)} files under {plain(out / 'landing')} "

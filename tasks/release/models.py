@@ -146,7 +146,7 @@ def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source:
     staging = settings.home / "models" / f".import-{uuid.uuid4().hex[:12]}"
     staging.parent.mkdir(parents=True, exist_ok=True)
     try:
-        convert(path, staging, dtype)
+        dtype = convert(path, staging, dtype)
         version = folder_version(staging)
         final = settings.home / "models" / version
         known = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()

@@ -71,3 +71,13 @@ def test_a_bad_flywheel_toml_stops_ingest_before_it_reads(tmp_path, monkeypatch)
     done = runner.invoke(app, ["ingest", str(tmp_path / "a.jsonl")])
     assert done.exit_code == 2 and "cycle.ingest.chunk_lins is not a setting" in done.output, done.output
     assert not (tmp_path / "home" / "catalog.sqlite").exists()  # nothing was opened, nothing written
+
+
+def test_an_error_naming_a_long_path_prints_it_whole_on_one_line(tmp_path, monkeypatch):
+    """rich wraps at the console's width (80 when piped) and folded a path mid-word: a
+    piped log's path could not be grepped or copied."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    missing = tmp_path / ("landing-folder-with-a-long-name-" * 3) / "logs.jsonl"
+    done = runner.invoke(app, ["ingest", str(missing)])
+    assert done.exit_code != 0
+    assert f"error: {missing}: no such file or folder\n" in done.output, done.output

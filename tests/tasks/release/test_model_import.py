@@ -7,6 +7,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from flows.cli.app import app
@@ -306,3 +307,22 @@ def test_weights_that_do_not_fit_their_config_are_refused(lake_settings, monkeyp
     output = " ".join(result.output.split())
     assert result.exit_code == 1 and "do not fit its config" in output and "mlp" in output, result.output
     assert _models_left(lake_settings) == []
+
+
+def test_by_default_a_folder_keeps_its_dtype_and_its_weight_bytes(lake_settings, monkeypatch, tiny, tmp_path):
+    """A bfloat16 model (most released ones) was loaded and stored as float32 unless the
+    user said otherwise: twice its size on disk and in every upload, for nothing (the
+    trainer keeps float32 master weights and the engines load at their own dtype)."""
+    from transformers import AutoModelForCausalLM
+
+    half = tmp_path / "bf16"
+    shutil.copytree(tiny, half)
+    AutoModelForCausalLM.from_pretrained(str(tiny)).to(torch.bfloat16).save_pretrained(str(half))
+    monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
+    result = CliRunner().invoke(app, ["model", "import", str(half)])
+    assert result.exit_code == 0, result.output
+    version, reason = open_lake(lake_settings).execute("SELECT policy_version, reason FROM lake.models").fetchone()
+    stored = lake_settings.home / "models" / version
+    assert (stored / "model.safetensors").read_bytes() == (half / "model.safetensors").read_bytes()
+    assert json.loads((stored / "config.json").read_text())["dtype"] == "bfloat16"
+    assert reason == "imported from bf16 as bfloat16"
