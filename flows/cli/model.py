@@ -79,7 +79,10 @@ def model_list_command() -> None:
         table.add_column(name, overflow="fold")
     for r in rows:
         score = "-" if r["pass@1"] is None else f"{r['pass@1']:.3f}"
-        table.add_row(*map(cell, (r["policy_version"], r["parent_version"] or "-", r["status"], score,
+        # its row and scores stay, its weights are gone: promote and load refuse it, so say so here
+        status = r["status"] + (f", weights deleted {r['weights_deleted_at']:%Y-%m-%d}"
+                                if r["weights_deleted_at"] else "")
+        table.add_row(*map(cell, (r["policy_version"], r["parent_version"] or "-", status, score,
                                   r["evaluated_in"] or "-", r["reason"] or "")))
     console.print(table if rows else "no models yet: `flywheel model register DIR` makes one production (`flywheel demo` builds one)")
 

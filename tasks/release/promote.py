@@ -73,13 +73,13 @@ def record_gate(con: duckdb.DuckDBPyConnection, version: str, decision: GateDeci
 def list_models(con: duckdb.DuckDBPyConnection) -> list[dict]:
     """Every model, oldest first, with its latest evaluation's pass@1 (None if never evaluated)."""
     latest = {r["policy_version"]: r for r in pass_at_1_by_cycle(con)}  # cycle order: the last one wins
-    rows = con.execute("SELECT policy_version, parent_version, status, reason, created_at, uri, cycle_id "
-                       "FROM lake.models ORDER BY created_at, policy_version").fetchall()
+    rows = con.execute("SELECT policy_version, parent_version, status, reason, created_at, uri, cycle_id, "
+                       "weights_deleted_at FROM lake.models ORDER BY created_at, policy_version").fetchall()
     out = []
-    for version, parent, status, reason, created_at, uri, cycle_id in rows:
+    for version, parent, status, reason, created_at, uri, cycle_id, deleted_at in rows:
         score = latest.get(version)
         out.append({"policy_version": version, "parent_version": parent, "status": status, "reason": reason,
-                    "created_at": created_at, "uri": uri, "cycle_id": cycle_id,
+                    "created_at": created_at, "uri": uri, "cycle_id": cycle_id, "weights_deleted_at": deleted_at,
                     "pass@1": score["pass@1"] if score else None,
                     "evaluated_in": score["cycle_id"] if score else None})
     return out

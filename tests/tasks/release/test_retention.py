@@ -3,7 +3,9 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
+from typer.testing import CliRunner
 
+from flows.cli.app import app
 from storage.lake import append_rows, open_lake, transaction
 from storage.objects import ObjectStore
 from storage.schemas import SCHEMAS
@@ -36,7 +38,7 @@ def _lake(settings, models):
     return con
 
 
-def test_old_rejected_and_passed_over_weights_go_and_their_rows_say_so(lake_settings, tmp_path):
+def test_old_rejected_and_passed_over_weights_go_and_their_rows_say_so(lake_settings, tmp_path, monkeypatch):
     jobs = lake_settings.home / "jobs"
     models = [(v, s, c, str(_folder(jobs / v / "model"))) for v, s, c in [
         ("rejected", "rejected", "c-old"), ("round-1", "candidate", "c-old"), ("prod", "production", "c-old"),
@@ -57,6 +59,9 @@ def test_old_rejected_and_passed_over_weights_go_and_their_rows_say_so(lake_sett
         promote(con, "round-1", "try it after all")
     assert con.execute("SELECT status FROM lake.models WHERE policy_version = 'prod'").fetchone() == ("production",)
     assert drop_old_weights(con, lake_settings, 7, NOW).models == 0  # done once
+    monkeypatch.setenv("FLYWHEEL_HOME", str(lake_settings.home))
+    listed = " ".join(CliRunner().invoke(app, ["model", "list"]).output.split())
+    assert listed.count("deleted 2026-12-20") == 2, listed  # `model list` says whose weights are gone (cells wrap)
 
 
 def test_a_models_objects_in_the_bucket_go_with_its_local_copy(s3_lake_settings, tmp_path):
