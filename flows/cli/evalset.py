@@ -19,7 +19,8 @@ evalset_app = typer.Typer(help="Register and list evaluation sets (decontaminati
 @evalset_app.command("add")
 def add_command(
     name: Annotated[str, typer.Argument(help="Name of the evaluation set, e.g. math.")],
-    file: Annotated[Path, typer.Argument(help="JSONL: one {id, domain, prompt, reference, verifier?} per line.",
+    file: Annotated[Path, typer.Argument(help="JSONL (or .jsonl.gz): one {id, domain, prompt, reference, "
+                                              "verifier?} per line, or HumanEval, MBPP or GSM8K as published.",
                                          exists=True, dir_okay=False, readable=True)],
     cycle_id: Annotated[str, typer.Option(help="Recorded on every row written.")] = "manual",
 ) -> None:

@@ -1,12 +1,14 @@
 """Evaluation sets in the lake: register a JSONL file as a version of a named set.
 
-A version is the sha256 of the file's bytes (`eval_version`): registering the same
-bytes again writes nothing, changed bytes add a new version beside the old ones, which
-stay queryable (`SELECT ... WHERE eval_version = ...`). Rows are `{"id", "domain",
-"prompt", "reference", "verifier"?}` where the id is a string or an integer (stored as
-text), the prompt is a string or chat messages (a content may be text parts) and the reference has the shape its
-verifier scores (`verifiers.registry.reference_problem`). A bad line refuses the whole
-file, naming the line: a set is registered whole or not at all.
+A version is the sha256 of the file's bytes, decompressed when gzipped (HumanEval ships
+as .jsonl.gz) (`eval_version`): registering the same bytes again writes nothing,
+changed bytes add a new version beside the old ones, which stay queryable (`SELECT ...
+WHERE eval_version = ...`). Rows are `{"id", "domain", "prompt", "reference",
+"verifier"?}` where the id is a string or an integer (stored as text), the prompt is a
+string or chat messages (a content may be text parts) and the reference has the shape
+its verifier scores (`verifiers.registry.reference_problem`); a line of HumanEval, MBPP
+or GSM8K as published is read as such an item (tasks/curate/suites.py). A bad line
+refuses the whole file, naming the line: a set is registered whole or not at all.
 Decontamination compares against every version ever registered: an item that was in an
 old version may still be in someone's evaluation.
 
@@ -16,8 +18,10 @@ This module does not score anything; `tasks.curate.curation` and the evaluation 
 from __future__ import annotations
 
 import codecs
+import gzip
 import hashlib
 import json
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +31,7 @@ import pyarrow as pa
 
 from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
+from tasks.curate.suites import SuiteLineError, suite_item
 from tasks.ingest.checks import message_text
 from verifiers.registry import VerifierConfig, reference_problem
 
@@ -78,7 +83,7 @@ def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]
         if not line.strip():
             continue
         where = f"{name} line {line_no}"
-        row = _parse_item(line, where, verifiers)
+        row = _parse_item(line, line_no, where, verifiers)
         if row["item_id"] in seen:
             raise EvalsetError(f"{where}: id {row['item_id']!r} appears twice")
         seen.add(row["item_id"])
@@ -88,17 +93,21 @@ def parse_items(data: bytes, name: str, verifiers: VerifierConfig) -> list[dict]
     return rows
 
 
-def _parse_item(line: bytes, where: str, verifiers: VerifierConfig) -> dict:
+def _parse_item(line: bytes, line_no: int, where: str, verifiers: VerifierConfig) -> dict:
     try:
         row = json.loads(line.decode("utf-8"))
+        row = (suite_item(row, line_no) or row) if isinstance(row, dict) else row
     except UnicodeDecodeError as exc:
         raise EvalsetError(f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start + 1})") from None
     except json.JSONDecodeError as exc:
         raise EvalsetError(f"{where}: not JSON ({exc.msg})") from None
+    except SuiteLineError as exc:
+        raise EvalsetError(f"{where}: {exc}") from None
     # bool is an int to Python, but `true` is no id: it would be stored as "True".
     if (not isinstance(row, dict) or not isinstance(row.get("id"), (str, int))
             or isinstance(row.get("id"), bool)):
-        raise EvalsetError(f'{where}: expected an object with an "id" (a string or an integer)')
+        raise EvalsetError(f'{where}: expected an object with an "id" (a string or an integer), or a line '
+                           "of HumanEval, MBPP or GSM8K as published")
     if not isinstance(row.get("reference"), dict):
         raise EvalsetError(f'{where}: "reference" must be a JSON object')
     item_id = str(row["id"])
@@ -121,7 +130,7 @@ def register_evalset(con: duckdb.DuckDBPyConnection, name: str, path: str | Path
     """Add FILE as the newest version of evaluation set NAME (no-op if already there)."""
     if not name or not name.strip():
         raise EvalsetError("the evaluation set needs a name")
-    data = Path(path).read_bytes()
+    data = _read_file(Path(path))
     version = hashlib.sha256(data).hexdigest()
     known = con.execute("SELECT count(*) FROM lake.eval_items WHERE eval_set = ? AND eval_version = ?",
                         [name, version]).fetchone()[0]
@@ -135,6 +144,16 @@ def register_evalset(con: duckdb.DuckDBPyConnection, name: str, path: str | Path
     with transaction(con, f"evalset add {name} {version[:12]}"):
         append_rows(con, "eval_items", table)
     return Registration(name, version, len(rows), added=True)
+
+
+def _read_file(path: Path) -> bytes:
+    data = path.read_bytes()
+    if data[:2] != b"\x1f\x8b":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # a set is registered whole or not at all
+        raise EvalsetError(f"{path}: a gzip file that does not decompress ({exc}); copy it again") from None
 
 
 def list_evalsets(con: duckdb.DuckDBPyConnection) -> list[dict]:
