@@ -12,6 +12,7 @@ import typer
 from flows.cli import curate as curate_cmd
 from flows.cli import cycle as cycle_cmd
 from flows.cli import evalset as evalset_cmd
+from flows.cli import evaluate as evaluate_cmd
 from flows.cli import gateway as gateway_cmd
 from flows.cli import ingest as ingest_cmd
 from flows.cli import lake as lake_cmd
@@ -47,6 +48,7 @@ model_cmd.model_app.command("list")(model_admin_cmd.model_list_command)
 model_cmd.model_app.command("promote")(model_admin_cmd.model_promote_command)
 model_cmd.model_app.command("register")(cycle_cmd.model_register_command)
 app.command("cycle")(cycle_cmd.cycle_command)
+app.command("evaluate")(evaluate_cmd.evaluate_command)
 app.command("demo")(demo_cmd.demo_command)
 
 

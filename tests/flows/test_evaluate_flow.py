@@ -125,6 +125,22 @@ def test_production_itself_or_an_unknown_model_is_refused(eval_home, run_in):
         evaluate_flow(EvaluateParams(policy_version="nope"))
 
 
+def test_the_cli_prints_both_models_per_evaluation_set_and_the_gate(eval_home, run_in):
+    from typer.testing import CliRunner
+
+    from flows.cli.app import app
+
+    result = CliRunner().invoke(app, ["evaluate", eval_home["candidate"], "--samples", str(SAMPLES), "--id", "e3"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert f"candidate {eval_home['candidate']} against production {eval_home['production']}" in result.output
+    for model in ("candidate", "production"):
+        assert said.count(f"│ {model} │") == 2 and "arith" in said  # one row per set and one for all
+    assert "gate: " in said and "not applied (--apply-gate is off)" in said
+    assert _evaluation_rows(eval_home["home"], "e3") == {eval_home["candidate"]: ITEMS * SAMPLES,
+                                                         eval_home["production"]: ITEMS * SAMPLES}
+
+
 def test_apply_gate_records_the_decision_on_the_model(eval_home, run_in):
     from flows.evaluate import EvaluateParams, evaluate_flow
 
