@@ -82,6 +82,9 @@ def extract_program(completion: str, entry_point: str | None = None) -> str:
 
     Without `entry_point`, "defines it" means "defines any function".
     """
+    # Windows line endings: the fence pattern's `$` does not match before "\r", so a closing
+    # "```\r" would go unseen and the prose after it would join the program.
+    completion = completion.replace("\r\n", "\n")
     blocks, outside = _split_fences(completion)
     program = _pick(blocks, entry_point)
     if program is not None:

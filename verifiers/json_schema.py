@@ -1,10 +1,18 @@
 """`json_schema`: the last JSON object in the completion, validated against `spec["schema"]`.
 
-"Last" means the object that ends last; when objects nest, the outermost one. The scan
-tries `json.JSONDecoder.raw_decode` at every `{` (from the end), so braces inside JSON
+"Last" means the object that ends last; when objects nest, the outermost one. A schema
+whose root `type` allows an array is answered by the last outermost array or object
+(an array schema could never pass on objects alone); otherwise arrays are not looked
+for, so a footnote "[1]" after the object does not displace it. The scan tries
+`json.JSONDecoder.raw_decode` at every `{` (and `[`) from the end, so braces inside JSON
 strings, prose around the object and Markdown fences are all handled without a
 hand-written tokenizer. Validation is JSON Schema Draft 2020-12 with format checking
 (`"format": "email"` etc. are asserted, not just annotations).
+
+What is parsed is JSON as a strict parser reads it: `//` comments, trailing commas,
+single or typographic quotes make no object (the reply's reader would reject them too),
+and NaN / Infinity, which Python's json accepts, are no numbers: NaN compares false with
+every bound, so it would satisfy any `minimum` and `maximum`.
 
 Bounds: only the last SCAN_CHARS characters are searched and at most MAX_STARTS `{`
 positions are tried, so a megabyte of braces costs a bounded amount of time.
@@ -20,27 +28,45 @@ from verifiers.verdict import Verdict, failed
 
 SCAN_CHARS = 200_000
 MAX_STARTS = 2_000
-_DECODER = json.JSONDecoder()
+
+
+def _not_json(constant: str) -> float:
+    raise ValueError(f"{constant} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
 
 
 def find_last_object(text: str) -> dict | None:
     """The JSON object ending last in `text` (outermost when nested), or None."""
+    return find_last_value(text, arrays=False)
+
+
+def find_last_value(text: str, *, arrays: bool) -> dict | list | None:
+    """The JSON object (or, with `arrays`, object or array) ending last in `text`,
+    outermost when nested; or None."""
     text = text[-SCAN_CHARS:]
-    best: tuple[int, dict] | None = None
+    kinds = (dict, list) if arrays else dict
+    best: tuple[int, dict | list] | None = None
     start = len(text)
     for _ in range(MAX_STARTS):
-        start = text.rfind("{", 0, start)
+        start = max(text.rfind("{", 0, start), text.rfind("[", 0, start) if arrays else -1)
         if start < 0:
             break
         try:
-            obj, end = _DECODER.raw_decode(text, start)
-        except ValueError:
+            value, end = _DECODER.raw_decode(text, start)
+        except (ValueError, RecursionError):  # nested past the parser's depth: not an answer
             continue
-        # `>=`: an object starting further left that ends at the same place or later
-        # contains the one found so far, so it is the outer (wanted) object.
-        if isinstance(obj, dict) and (best is None or end >= best[0]):
-            best = (end, obj)
+        # `>=`: a value starting further left that ends at the same place or later
+        # contains the one found so far, so it is the outer (wanted) one.
+        if isinstance(value, kinds) and (best is None or end >= best[0]):
+            best = (end, value)
     return None if best is None else best[1]
+
+
+def _root_allows_array(schema: dict) -> bool:
+    kind = schema.get("type")
+    return kind == "array" or isinstance(kind, list) and "array" in kind
 
 
 def reference_problem(reference: dict) -> str | None:
@@ -65,9 +91,11 @@ def verify(spec: dict, completion: str) -> Verdict:
     if problem:
         return failed("format_error", f"invalid spec: {problem}", parsed=0.0, valid=0.0)
     schema = spec["schema"]
-    obj = find_last_object(completion)
+    arrays = _root_allows_array(schema)
+    obj = find_last_value(completion, arrays=arrays)
     if obj is None:
-        return failed("format_error", "no JSON object found in completion", parsed=0.0, valid=0.0)
+        found = "JSON array or object" if arrays else "JSON object"
+        return failed("format_error", f"no {found} found in completion", parsed=0.0, valid=0.0)
     validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
     errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
     if errors:

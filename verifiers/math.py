@@ -15,14 +15,17 @@ a fresh one on the next call. Only the last TAIL_CHARS characters of a completio
 looked at, so a 1 MB completion costs no more than a short one.
 
 Real instruct models state their work ("The sum of 47 and 25 is 72.", "Step 1: ...",
-"Final answer: 72 apples", "12 000", "−7" as typeset); all of that is rewarded when the
-final answer is right. The hacking rules that need the question read `spec["question"]`
-when the spec has one, else the task's prompt (the pipeline passes it as `prompt`), so
-the question's own numbers are never counted as guesses.
+"Final answer: 72 apples", "**Answer: 72**", GSM8K's "#### 72", "12 000", "−7" as
+typeset); all of that is rewarded when the final answer is right. A reasoning model's
+`<think>` block never reaches this module: the registry cuts it off
+(verifiers/reasoning.py). The hacking rules that need the question read
+`spec["question"]` when the spec has one, else the task's prompt (the pipeline passes
+it as `prompt`), so the question's own numbers are never counted as guesses.
 
 Reward hacking (status `hacking_suspected`, reward 0):
   1. several different declared answers: two `\\boxed{}` with different contents, or
-     "final answer: X" / "the answer is X" declarations naming different numbers;
+     "final answer: X" / "the answer is X" / "#### X" declarations and boxed numbers
+     naming different values ("72.0" and "72", "0.5" and "\\frac{1}{2}" are one value);
   2. shotgun: the answer region (the last `\\boxed{}`, else the last non-empty line
      after its last `=`, `:` or "answer is") holds a guess list, numbers joined only by
      commas, "or", "and", "maybe" or spaces, with more distinct numbers that are not in
@@ -42,6 +45,7 @@ import select
 import subprocess
 import sys
 import time
+from fractions import Fraction
 
 from verifiers.verdict import Verdict, failed
 
@@ -57,9 +61,22 @@ _GUESS_LIST = re.compile(
     rf"{_NUM}(?:/{_NUM})?)+", re.IGNORECASE)
 # What precedes the answer on a final line: "x = 5", "Answer: 5", "the answer is 5".
 _LEAD_IN = re.compile(r"=|:|\banswers?\s+(?:is|are)\b", re.IGNORECASE)
-# A declared answer: "final answer: 72", "the answer is 72" (the first number after it).
-_DECLARED = re.compile(rf"\b(?:final\s+answer|answer\s+is)\b\W{{0,20}}?\$?({_NUM}(?:/{_NUM})?)",
-                       re.IGNORECASE)
+# A declared answer: "final answer: 72", "the answer is 72", GSM8K's "#### 72": the
+# number after it, when no other digit follows before its sentence or line ends. Working
+# ("the answer is 47 + 25 = \boxed{72}"), mixed numbers ("3 1/2", "3\frac{1}{2}") and
+# compound units ("2 hours and 30 minutes") declare nothing: their first number is not
+# the answer, and read as one they would contradict the box.
+_DECLARED = re.compile(
+    rf"(?:\b(?:final\s+answer|answer\s+is)\b|^[ \t]*####)\W{{0,20}}?(-?{_NUM}(?:/{_NUM})?)"
+    r"(?=[^\d\n]*?(?:[.;!?](?:\s|$)|$))", re.IGNORECASE | re.MULTILINE)
+# A stated answer that is one plain number once its typesetting ("\$1,234", "\!", "\,")
+# is gone: declarations and boxes are compared by its value.
+_PLAIN_NUMBER = re.compile(rf"-?{_NUM}(?:/{_NUM})?")
+_TYPESETTING = re.compile(r"\\[$,!;: ]|\$|\s")
+# Markdown bold around an answer ("**Answer: 72**", "is **72**.") hides the lead-in from
+# math-verify, which then takes the last number of a check written after it. Only pairs
+# that open and close on a word, so Python's power (2**3) stays.
+_BOLD = re.compile(r"(?<![\w*])\*\*(?=\S)([^*\n]+?)(?<=\S)\*\*(?![\w*])")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _BARE_LIST = re.compile(r"^[\s\d.,;:+\-$\\{}()\[\]]*$")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,12 +118,14 @@ def answer_region(text: str) -> str:
 
 def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | None:
     """The reason this completion looks like a reward hack, or None (rules: module doc)."""
-    distinct_boxed = {re.sub(r"\s+", "", b) for b in boxed_contents(text)}
-    if len(distinct_boxed) > 1:
-        return f"{len(distinct_boxed)} different \\boxed{{}} answers"
-    declared = {_plain(n) for n in _DECLARED.findall(text)}
+    boxed = [_number_or_text(b) for b in boxed_contents(text)]
+    if len(set(boxed)) > 1:
+        return f"{len(set(boxed))} different \\boxed{{}} answers"
+    # A boxed number and a declaration ("The answer is 70. ... \boxed{72}") are two answers too.
+    declared = {_number_or_text(n) for n in _DECLARED.findall(text)}
+    declared |= {b for b in boxed if isinstance(b, Fraction)}
     if len(declared) > 1:
-        return f"{len(declared)} different declared answers {sorted(declared)[:6]}"
+        return f"{len(declared)} different declared answers {sorted(map(str, declared))[:6]}"
     region = _FRAC.sub(r"\1/\2", answer_region(text))
     question_numbers = {_plain(n) for n in _NUMBER.findall(question or "")}
     guesses = {_plain(n) for run in _GUESS_LIST.finditer(region) for n in _NUMBER.findall(run.group())}
@@ -124,6 +143,18 @@ def _plain(number: str) -> str:
     return number.replace(",", "")
 
 
+def _number_or_text(answer: str) -> Fraction | str:
+    """A stated answer's value when it is one plain number ("72.0", "1/2", "\\frac{1}{2}",
+    "1,234" are 72, 1/2, 1/2, 1234), else its text without whitespace."""
+    bare = _TYPESETTING.sub("", _FRAC.sub(r"\1/\2", answer))
+    if _PLAIN_NUMBER.fullmatch(bare):
+        try:
+            return Fraction(_plain(bare))
+        except (ZeroDivisionError, ValueError):  # "1/0"; past int()'s 4,300-digit limit
+            pass
+    return re.sub(r"\s+", "", answer)
+
+
 def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
            prompt: str | None = None) -> Verdict:
     """Score one completion; `prompt` (the task's prompt) stands in for a missing
@@ -132,7 +163,7 @@ def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     if gold is None or not gold.strip():
         return failed("format_error", 'invalid spec: needs "answer" (a string or number)', correctness=0.0,
                       format=0.0)
-    gold, tail = typeset_to_plain(gold), typeset_to_plain(completion[-TAIL_CHARS:])
+    gold, tail = typeset_to_plain(gold), _BOLD.sub(r"\1", typeset_to_plain(completion[-TAIL_CHARS:]))
     question = spec.get("question") or prompt
     has_box = bool(boxed_contents(tail))
     hack = detect_answer_hacking(tail, gold, typeset_to_plain(question) if isinstance(question, str) else None)

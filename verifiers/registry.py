@@ -2,7 +2,8 @@
 reference shape, spec check, options).
 
 One explicit dict (`VERIFIERS`), no discovery. `verify` here is the boundary the
-pipeline calls: whatever a verifier or its input does, it returns a `Verdict`.
+pipeline calls: whatever a verifier or its input does, it returns a `Verdict`; it hands
+the verifier the completion's answer, after any `<think>` block (verifiers/reasoning.py).
 `VerifierConfig` says which verifier a domain uses and how verifiers are bounded.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from verifiers import code, exact, json_schema, math
+from verifiers import code, exact, json_schema, math, reasoning
 from verifiers.sandbox.runner import SandboxConfig
 from verifiers.verdict import Verdict, failed
 
@@ -103,12 +104,16 @@ def verify(name: str, spec: dict, completion: str, config: VerifierConfig | None
     if not isinstance(spec, dict) or not isinstance(completion, str):
         return failed("format_error", "spec must be a JSON object and completion a string")
     config = config or VerifierConfig()
+    # Every verifier scores the answer, never a reasoning model's drafts (verifiers/reasoning.py).
+    answer = reasoning.answer_after_thinking(completion)
+    if answer is None:
+        return failed("format_error", reasoning.CUT_DETAIL)
     try:
         record = VERIFIERS[name]
         options = record.options(config)
         if record.reads_prompt and prompt is not None:
             options["prompt"] = prompt
-        return record.verify(spec, completion, **options)
+        return record.verify(spec, answer, **options)
     except Exception as error:  # noqa: BLE001
         # The one boundary where errors become data: a verifier bug or an unforeseen
         # input must cost one verdict, not the whole verification batch. It is marked

@@ -1,14 +1,17 @@
 """The `code` verifier on replies shaped like real instruct models' answers.
 
-Every reply runs in the real sandbox. Honest replies (fences with and without tags,
-prose around the code, no fence at all, example prints, several blocks) must pass;
-hacks and wrong answers must not, whatever shape they come in.
+Every reply runs in the real sandbox, through the registry as the pipeline calls it (so
+a reasoning model's `<think>` block is cut off first). Honest replies (fences with and
+without tags, prose around the code, no fence at all, example prints, several blocks,
+drafts in the thinking) must pass; hacks and wrong answers must not, whatever shape they
+come in.
 """
 import time
 
 import pytest
 
 from verifiers import code
+from verifiers.registry import verify
 
 SPECS = {
     "add": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
@@ -31,6 +34,14 @@ SPECS = {
         "def check(candidate):\n    assert isinstance(candidate([1, 2, 3]), float)\n"
         "    assert abs(candidate([1, 2, 3]) - 2.0) < 1e-9\n"
         "    assert all(abs(candidate([x, x]) - x) < 1e-9 for x in range(5))\n"),
+    # MBPP's tests: `assert f(...) == ...` lines, calling the function by its own name.
+    "remove_Occ": (
+        "def check(candidate):\n    assert remove_Occ(\"hello\",\"l\") == \"heo\"\n"
+        "    assert remove_Occ(\"abcda\",\"a\") == \"bcd\"\n    assert remove_Occ(\"PHP\",\"P\") == \"H\"\n"),
+    # A task about reasoning models' output: its honest programs quote the closing tag.
+    "strip_thinking": (
+        "def check(candidate):\n    assert candidate('<think>a</think>b') == 'b'\n"
+        "    assert candidate('b') == 'b'\n"),
 }
 
 HONEST = [
@@ -122,6 +133,23 @@ HONEST = [
     ("mean", "```python\nimport math\n\ndef mean(xs):\n    return math.fsum(xs) / len(xs)\n```"),
     ("mean", "```python\nimport statistics\n\ndef mean(xs: list[float]) -> float:\n"
              "    return float(statistics.fmean(xs))\n\n\nprint(mean([1, 2, 3]))  # 2.0\n```"),
+    ("remove_Occ", "```python\ndef remove_Occ(s, ch):\n    first, last = s.find(ch), s.rfind(ch)\n"
+                   "    if first < 0:\n        return s\n    s = s[:first] + s[first + 1:]\n"
+                   "    last -= 1\n    return s[:last] + s[last + 1:] if last >= first else s\n```"),
+    # Reasoning models: a wrong draft in the thinking, the answer after it.
+    ("add", "<think>\nMaybe subtract?\n```python\ndef add(a, b):\n    return a - b\n```\nNo, add.\n</think>\n\n"
+            "```python\ndef add(a, b):\n    return a + b\n```"),
+    ("add", "The template opened the thinking. Draft:\ndef add(a, b):\n    return a * b\nwrong.\n</think>\n\n"
+            "def add(a, b):\n    return a + b\n"),
+    ("strip_thinking", "```python\ndef strip_thinking(text):\n    return text.split('</think>', 1)[-1]\n```"),
+    # Fence info strings and line endings as editors and chat UIs write them.
+    ("add", "```python title=\"add.py\"\ndef add(a, b):\n    return a + b\n```"),
+    ("add", "```python:add.py\ndef add(a, b):\n    return a + b\n```"),
+    ("add", "Here it is:\r\n\r\n```python\r\ndef add(a, b):\r\n    return a + b\r\n```\r\n\r\nIt adds.\r\n"),
+    ("add", "```python\ndef add(a, b):\n\tresult = a + b\n\treturn result\n```"),
+    # A script-style answer: its __main__ block reads stdin and never runs under the tests.
+    ("add", "```python\ndef add(a, b):\n    return a + b\n\n\nif __name__ == \"__main__\":\n"
+            "    a, b = map(int, input().split())\n    print(add(a, b))\n```"),
 ]
 
 WRONG = "def mean(xs):\n    return 0\n"
@@ -160,6 +188,16 @@ NOT_PASSING = {
     "usage block only": ("add", "```python\nprint(add(2, 3))\n```", "format_error"),
     "the function only in a text fence": ("add", "```text\ndef add(a, b):\n    return a + b\n```", "format_error"),
     "the function only in a bash fence": ("add", "```bash\ndef add(a, b):\n    return a + b\n```", "format_error"),
+    "the right function only in the thinking": ("add", "<think>\n```python\ndef add(a, b):\n    return a + b\n```\n"
+                                                       "</think>\n\nJust use the + operator.", "format_error"),
+    "right draft in the thinking, wrong answer": (
+        "add", "<think>\n```python\ndef add(a, b):\n    return a + b\n```\n</think>\n"
+               "```python\ndef add(a, b):\n    return a * b\n```", "wrong"),
+    "cut inside the thinking": ("add", "<think>\nDraft:\n```python\ndef add(a, b):\n    return a + b\n```\n"
+                                       "Now the edge cases", "format_error"),
+    "only the function body": ("add", "```python\nreturn a + b\n```", "format_error"),
+    "reads stdin at import": ("add", "```python\na, b = map(int, input().split())\n\ndef add(a, b):\n"
+                                     "    return a + b\n```", "wrong"),
 }
 
 
@@ -169,14 +207,14 @@ def _spec(name: str) -> dict:
 
 @pytest.mark.parametrize("entry_point, reply", HONEST, ids=[f"{i}-{e}" for i, (e, _) in enumerate(HONEST)])
 def test_honest_reply_passes(entry_point, reply):
-    verdict = code.verify(_spec(entry_point), reply)
+    verdict = verify("code", _spec(entry_point), reply)
     assert verdict.passed and verdict.status == "ok", (verdict, code.extract_program(reply, entry_point))
 
 
 @pytest.mark.parametrize("name", NOT_PASSING)
 def test_hack_or_wrong_reply_does_not_pass(name):
     entry_point, reply, status = NOT_PASSING[name]
-    verdict = code.verify(_spec(entry_point), reply)
+    verdict = verify("code", _spec(entry_point), reply)
     assert not verdict.passed and verdict.reward == 0.0
     assert verdict.status == status, verdict
 

@@ -60,6 +60,12 @@ HONEST = [
     '  \n\n{"name": "Ada", "age": 36}\n\n  ',
     '{"name": "Ada", "age": 36, "tags": ["a", "b", "c"]}',
     f"```json\n{ADA}\n```\n```json\n{ADA_PRETTY}\n```",
+    "\ufeff" + ADA,  # a byte-order mark, as a file written by some editors starts
+    f"For example {{\"name\": \"Bob\", \"age\": 20}} fits the schema. For Ada:\n{ADA}",
+    # Reasoning models: drafts and half objects in the thinking, the answer after it.
+    f"<think>\nDraft: {{\"name\": \"Ada\", \"age\": \"36\"}}? age must be an integer.\n"
+    f"Half: {{\"name\": \"Ada\", \"ag\n</think>\n\n{ADA}",
+    f"The template opened the thinking. {{\"name\": 1}} is wrong.\n</think>\n\n```json\n{ADA_PRETTY}\n```",
 ]
 
 BAD = [
@@ -76,6 +82,15 @@ BAD = [
     ("an empty name", '{"name": "", "age": 36}', "wrong"),
     ("a truncated object", '{"name": "Ada", "age": 3', "format_error"),
     ("null fields", '{"name": null, "age": null}', "wrong"),
+    # What a strict JSON parser (the reply's reader) rejects is no object.
+    ("// comments", '```json\n{\n  "name": "Ada", // her name\n  "age": 36\n}\n```', "format_error"),
+    ("a trailing comma", '```json\n{"name": "Ada", "age": 36,}\n```', "format_error"),
+    ("typographic quotes", "{\u201cname\u201d: \u201cAda\u201d, \u201cage\u201d: 36}", "format_error"),
+    ("NaN for a number", '{"name": "Ada", "age": NaN}', "format_error"),
+    # The thinking is not the answer.
+    ("the valid object only in the thinking", f"<think>\n{ADA}\n</think>\n\nI cannot share that.", "format_error"),
+    ("a valid draft, an invalid answer", f'<think>\n{ADA}\n</think>\n{{"name": "Ada", "age": "36"}}', "wrong"),
+    ("cut inside the thinking", f"<think>\nThe object is {ADA}, let me check the email", "format_error"),
 ]
 
 

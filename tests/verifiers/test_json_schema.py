@@ -43,3 +43,26 @@ def test_no_object_is_a_format_error_and_huge_inputs_are_bounded():
 def test_invalid_schema_is_reported_as_invalid_spec():
     verdict = json_schema.verify({"schema": {"type": "nonsense"}}, "{}")
     assert verdict.status == "format_error" and verdict.detail.startswith("invalid spec")
+
+
+def test_an_array_schema_is_answered_by_an_array():
+    spec = {"schema": {"type": "array", "items": {"type": "object", "required": ["name"]}, "minItems": 1}}
+    assert json_schema.verify(spec, 'Here:\n```json\n[{"name": "Ada"}, {"name": "Bob"}]\n```').passed
+    assert json_schema.verify(spec, "[]").status == "wrong"
+    # An object schema still looks for objects only: a footnote after the object is no answer.
+    assert json_schema.verify(SPEC, '{"name": "Ada", "email": "ada@example.com"}\n\n[1] from the text').passed
+
+
+def test_nan_is_not_a_number_that_meets_every_bound():
+    spec = {"schema": {"type": "object", "required": ["score"],
+                       "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}}}}
+    assert json_schema.verify(spec, '{"score": 0.5}').passed
+    for reply in ('{"score": NaN}', '{"score": Infinity}', '{"score": -Infinity}'):
+        assert json_schema.verify(spec, reply).status == "format_error", reply
+
+
+def test_nesting_past_the_parsers_depth_is_no_object_not_a_crash():
+    for schema, reply in [({"type": "object"}, '{"a":' * 100_000), ({"type": "array"}, "[" * 1_000_000)]:
+        verdict = json_schema.verify({"schema": schema}, reply)
+        assert verdict.status == "format_error", verdict
+    assert json_schema.verify({"schema": {"type": "object"}}, '{"a":' * 100_000 + '{"ok": 1}').passed

@@ -66,6 +66,30 @@ HONEST = [
     (Q_THOUSANDS, "12000", "The total is 12\u00a0000."),
     (Q_DEC, "2.5", "Each piece is 10 / 4 = 2.5 meters long."),
     (Q_DEC, "2.5", "Divide the rope: 10 meters ÷ 4 = 2.5 meters.\n\n**Answer:** 2.5 meters"),
+    # Reasoning models (Qwen3, R1 distills, SmolLM3): drafts in the thinking are working,
+    # only the answer after it is scored (verifiers/reasoning.py).
+    (Q_SUM, "72", "<think>\nFirst try: \\boxed{70}? No: 40 + 20 = 60, 7 + 5 = 12, so 72. Maybe 73, 74?\n"
+                  "</think>\n\n47 + 25 = 72, so the answer is \\boxed{72}."),
+    (Q_SUM, "72", "<think>\nThe answer is 70. No wait, the answer is 72.\n</think>\n\nThe answer is 72."),
+    (Q_SUM, "72", "Okay, 47 + 25. Perhaps 70 or 71? 47 + 20 = 67, 67 + 5 = 72.\n</think>\n\n**Answer:** 72"),
+    (Q_APPLES, "27", "<think>\n{\"apples\": 12 + 15\n</think>\nTom has 12 + 3 × 5 = 27 apples."),
+    # GSM8K and MATH conventions.
+    (Q_APPLES, "27", "3 bags have 3 * 5 = 15 apples.\nTom has 12 + 15 = 27 apples.\n#### 27"),
+    (Q_BIG, "1234", "999 + 235 = 1,234\n#### 1,234"),
+    (Q_HALF, "\\frac{1}{4}", "$\\boxed{\\dfrac{1}{4}}$"),
+    (Q_HALF, "\\frac{1}{4}", "The answer is $\\tfrac{1}{4}$."),
+    (Q_SUM, "72", "\\boxed{72.0}"),
+    (Q_SUM, "72", "Final Answer: The final answer is $72$. I hope it is correct."),
+    (Q_APPLES, "27", "| Source | Apples |\n|---|---|\n| Start | 12 |\n| Bags | 15 |\n| **Total** | **27** |"),
+    # The same answer stated twice in two forms is one answer.
+    (Q_SUM, "72", "The answer is 72.0. Final answer: 72"),
+    (Q_HALF, "\\frac{1}{4}", "The answer is 0.25, so the final answer is 1/4."),
+    (Q_HALF, "\\frac{1}{4}", "The answer is 0.25, i.e. $\\boxed{\\frac{1}{4}}$"),
+    (Q_SUM, "72", "The answer is 47 + 25 = \\boxed{72}"),
+    (Q_DEC, "2.5", "The answer is 2 1/2 meters, that is \\boxed{2.5}"),
+    # Bold around the answer, then a check: the answer is still the declared one.
+    (Q_SUM, "72", "**Answer: 72**\n\nVerification: 72 \u2212 47 = 25"),
+    (Q_SUM, "72", "The answer is **72**.\n\nCheck: 72 - 25 = 47."),
 ]
 
 HACKS = [
@@ -82,6 +106,11 @@ HACKS = [
     (Q_SUM_WORDS, "155", "155 maybe 156 maybe 154", "shotgun"),
     (Q_APPLES, "27", "He has 25, 26, 27, 28 or 29 apples.", "shotgun"),
     (Q_SUM, "72", "72\u00a073\u00a074", "shotgun"),  # a no-break space before 1-2 digits joins no group
+    (Q_SUM, "72", "The answer is 70.\n\n\\boxed{72}", "different"),  # a declaration and a box
+    (Q_SUM, "72", "47 + 25 = 72\n\\boxed{72}\n#### 70", "different"),
+    (Q_NEG, "-7", "The answer is -7. Final answer: 7", "different"),
+    (Q_SUM, "72", "<think>\nhard to say\n</think>\n\n70, 71, 72 or 73", "shotgun"),
+    (Q_SUM, "72", "<think>\n47 + 25 = 72\n</think>\n\\boxed{70} \\boxed{72}", "different"),
 ]
 
 WRONG = [
@@ -92,6 +121,12 @@ WRONG = [
     (Q_DEC, "2.5", "Each piece is 2.4 meters long."),
     (Q_NEG, "-7", "5 \u2212 12 = 7"),
     (Q_THOUSANDS, "12000", "The total is 1\u202f200."),
+    # A right draft in the thinking does not make a wrong answer right.
+    (Q_SUM, "72", "<think>\n47 + 25 = 72, so \\boxed{72}.\n</think>\n\nFinal answer: 71"),
+    (Q_SUM, "72", "<think>\n47 + 25 = 72\n</think>\n\nThe answer is \\boxed{70}."),
+    (Q_SUM, "72", "47 + 25 = 72. The answer is 72.\n</think>\n\n#### 70"),
+    (Q_SUM, "72", "<think>\n47 + 25 = 72, so the answer is \\boxed{72}. Let me double-check"),  # cut
+    (Q_SUM, "72", "<think>\n47 + 25 = 72\n</think>\n"),
 ]
 
 

@@ -47,6 +47,19 @@ def test_verify_never_raises():
     assert verdict.status == "sandbox_error" and "raised" in verdict.detail
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_verifier_scores_the_answer_after_the_thinking(name):
+    spec, wrong = CASES[name]
+    gold = registry.gold_completion(name, spec)
+    # A wrong draft while thinking, the right answer after it (the template opened the block).
+    assert registry.verify(name, spec, f"<think>\n{wrong}\n</think>\n\n{gold}").passed
+    assert registry.verify(name, spec, f"{wrong}\n</think>\n{gold}").passed
+    # The right answer only while thinking: a wrong answer after it, or none (cut off).
+    assert registry.verify(name, spec, f"<think>\n{gold}\n</think>\n{wrong}").status == "wrong"
+    cut = registry.verify(name, spec, f"<think>\n{gold}\nLet me double-check")
+    assert (cut.status, cut.reward) == ("format_error", 0.0) and "<think>" in cut.detail
+
+
 def test_domain_mapping_is_configuration():
     config = VerifierConfig()
     assert [config.verifier_for(d) for d in ("math", "code", "json")] == ["math", "code", "json_schema"]
