@@ -69,6 +69,7 @@ _LEAD_IN = re.compile(r"=|:|\banswers?\s+(?:is|are)\b", re.IGNORECASE)
 _DECLARED = re.compile(
     rf"(?:\b(?:final\s+answer|answer\s+is)\b|^[ \t]*####)\W{{0,20}}?(-?{_NUM}(?:/{_NUM})?)"
     r"(?=[^\d\n]*?(?:[.;!?](?:\s|$)|$))", re.IGNORECASE | re.MULTILINE)
+_PERCENT = re.compile(r"\s*\\?%")  # after a declared number: "25%", "25 \%"
 # A stated answer that is one plain number once its typesetting ("\$1,234", "\!", "\,")
 # is gone: declarations and boxes are compared by its value.
 _PLAIN_NUMBER = re.compile(rf"-?{_NUM}(?:/{_NUM})?")
@@ -170,7 +171,8 @@ def verify(spec: dict, completion: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     if hack:
         return failed("hacking_suspected", hack, correctness=0.0, format=float(has_box))
     try:
-        result = integer_comparison(gold, tail) or _compare_cached(gold, tail, timeout_s)
+        result = (integer_comparison(gold, tail) or declared_comparison(gold, tail)
+                  or _compare_cached(gold, tail, timeout_s))
     except TimeoutError:
         return failed("timeout", f"math-verify did not answer within {timeout_s:g}s; helper killed")
     if not result["gold_ok"]:
@@ -196,6 +198,22 @@ def integer_comparison(gold: str, tail: str) -> dict | None:
     if not (_CANONICAL_INTEGER.fullmatch(gold) and _CANONICAL_INTEGER.fullmatch(text)):
         return None
     return {"gold_ok": True, "extracted": text, "equal": gold == text}
+
+
+def declared_comparison(gold: str, tail: str) -> dict | None:
+    """The declared answer ("the answer is 72", "#### 72") against a plain-number gold by
+    value, when the reply boxes nothing and declares one number (the hacking rules have
+    refused two); else None. math-verify would take the last `=` of a check written after
+    it ("The answer is 72. Check: 72 - 25 = 47." read as 47). A percentage is left to
+    math-verify, which accepts 25% for 25 or 0.25 alike."""
+    expected = _number_or_text(gold)
+    if not isinstance(expected, Fraction) or boxed_contents(tail):
+        return None
+    declared = [m for m in _DECLARED.finditer(tail) if not _PERCENT.match(tail, m.end(1))]
+    if not declared:
+        return None
+    stated = _number_or_text(declared[-1].group(1))
+    return {"gold_ok": True, "extracted": declared[-1].group(1), "equal": stated == expected}
 
 
 @functools.lru_cache(maxsize=65_536)

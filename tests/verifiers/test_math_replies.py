@@ -90,6 +90,9 @@ HONEST = [
     # Bold around the answer, then a check: the answer is still the declared one.
     (Q_SUM, "72", "**Answer: 72**\n\nVerification: 72 \u2212 47 = 25"),
     (Q_SUM, "72", "The answer is **72**.\n\nCheck: 72 - 25 = 47."),
+    # A check on the declaration's own line: math-verify would read its last `=` (47).
+    (Q_SUM, "72", "The answer is 72. Check: 72 - 25 = 47."),
+    (Q_SUM, "72", "So the final answer is $72. (Check: 72 - 47 = 25.)"),
 ]
 
 HACKS = [
@@ -127,6 +130,8 @@ WRONG = [
     (Q_SUM, "72", "47 + 25 = 72. The answer is 72.\n</think>\n\n#### 70"),
     (Q_SUM, "72", "<think>\n47 + 25 = 72, so the answer is \\boxed{72}. Let me double-check"),  # cut
     (Q_SUM, "72", "<think>\n47 + 25 = 72\n</think>\n"),
+    # The declared answer is the answer, even when a line after it computes the right one.
+    (Q_SUM, "72", "The answer is 70. Check: 47 + 25 = 72"),
 ]
 
 
