@@ -39,7 +39,7 @@ from storage.objects import ObjectStore, parse_s3_uri
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest.chunks import (SetAside, batch_tables, judge_chunk, judge_set_aside, stage_chunk,
-                                stage_set_aside, quarantine_lake_repeats, drop_lake_repeats)
+                                stage_set_aside, quarantine_lake_repeats, drop_lake_repeats, stage_cut)
 from tasks.ingest.gateway_records import GATEWAY_FOLDER, is_gateway_record
 from tasks.ingest.appends import appended_start
 from tasks.ingest.lines import Start, first_line, read_chunks
@@ -202,7 +202,8 @@ def _write_batch(con: duckdb.DuckDBPyConnection, chunks: ScannedChunks, source: 
             reread = lambda: (lines for lines, _ in  # noqa: E731
                               read_chunks(path, cfg.chunk_lines, cfg.chunk_bytes, start))
             repeats = quarantine_lake_repeats(con, staged, reread, batch_id, cycle_id)
-            ok, bad = ok - repeats, bad + repeats
+            ok, bad = ok - repeats, bad + repeats + (stage_cut(staged, chunks.cut, batch_id, cycle_id)
+                                                     if chunks.cut else 0)
             staged.register()
             drop_lake_repeats(con, batch_id)
             append_rows(con, "ingest_batches", pa.Table.from_pylist([{

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from storage.lake import StagedRows
 from storage.schemas import SCHEMAS
 from tasks.ingest.features import LOG_ONLY, feature_sql
+from tasks.ingest.lines import Cut
 from tasks.ingest.scan import LINE_COLUMNS, clean_features_sql, slow_lines
 from tasks.ingest.checks import LogRules, explain, first_failures
 
@@ -279,6 +280,19 @@ def quarantine_lake_repeats(con: duckdb.DuckDBPyConnection, staged: StagedRows,
         finally:
             con.unregister("_ingest_reread")
     return hits
+
+
+def stage_cut(staged: StagedRows, cut: Cut, batch_id: str, cycle_id: str) -> int:
+    """Stage the quarantine row that says where a gzip's data stopped early (1 row).
+    Without it, data cut between two lines, or damaged before the first, would land as
+    a smaller (or empty) batch with no word of what was lost."""
+    where = f"before line {cut.line_no}" if not cut.partial else f"inside line {cut.line_no}"
+    staged.stage("quarantine", pa.Table.from_pylist([{
+        "batch_id": batch_id, "line_no": cut.line_no, "raw": cut.partial.decode("utf-8", "replace"),
+        "kind": "gzip_cut", "cycle_id": cycle_id,
+        "reason": (f"the gzip data ends {where} ({cut.error}): the file was cut short or damaged; the lines "
+                   "before it landed; copy the file again and ingest the copy")}], schema=SCHEMAS["quarantine"]))
+    return 1
 
 
 def drop_lake_repeats(con: duckdb.DuckDBPyConnection, batch_id: str) -> None:

@@ -7,8 +7,10 @@ are dropped but still counted, so `line_no` is the line's number in the file. A 
 byte order mark at the start of the file is skipped (Windows tools write one).
 Undecodable UTF-8 becomes a visible U+FFFD (flagged in `utf8_ok`, so validation
 quarantines the line) instead of aborting the batch. A gzip cut short (a partial upload,
-a writer killed mid-file) ends where its data ends, like a plain file without its last
-newline: the lines before the cut land and the cut one is quarantined.
+a writer killed mid-file) or damaged ends where its readable data ends: the lines before
+land, and the reader is told where it stopped (`Cut`), so the batch says so in one
+quarantine row (with what was read of the cut line), even when the data stopped between
+two lines or before the first.
 
 Only the lines themselves are decided here; what makes a line valid is tasks/ingest/checks.py.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,12 +62,25 @@ class Start:
 WHOLE_FILE = Start()
 
 
-def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int,
-                start: Start = WHOLE_FILE) -> Iterator[tuple[pa.Table, int]]:
+@dataclass(frozen=True)
+class Cut:
+    """Where a gzip's data stopped before its end (cut short or damaged)."""
+
+    line_no: int
+    """The first line not read whole."""
+    partial: bytes
+    """What was read of it: b"" when the data stopped between lines."""
+    error: str
+
+
+def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int, start: Start = WHOLE_FILE,
+                on_cut: Callable[[Cut], None] | None = None) -> Iterator[tuple[pa.Table, int]]:
     """(table of line_no, raw, nbytes, utf8_ok; bytes of the file read so far) per step,
     from `start`.
 
     A step holds at most `chunk_lines` non-blank lines and about `chunk_bytes` bytes.
+    A gzip whose data stops early is read to that point; with `on_cut`, it is told
+    where, and the cut line is its, not a last line.
     """
     with open(path, "rb") as probe:
         gzipped = probe.read(2) == b"\x1f\x8b"
@@ -76,10 +91,13 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int,
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
         if start.offset:
             handle.seek(start.offset)
-        elif read_block(handle, len(_BOM)) != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
+        elif read_block(handle, len(_BOM))[0] != _BOM:  # a UTF-8 BOM (Windows tools write one) is no part of line 1
             handle.seek(0)
-        next_no, consumed, carry = start.line_no, start.offset, b""
-        while block := read_block(handle, block_bytes):
+        next_no, consumed, carry, error = start.line_no, start.offset, b"", None
+        while error is None:
+            block, error = read_block(handle, block_bytes)
+            if not block:
+                break
             consumed += len(block)
             ends = newlines(block)
             if not len(ends):  # a line longer than a block
@@ -95,24 +113,27 @@ def read_chunks(path: Path, chunk_lines: int, chunk_bytes: int,
             parts.append(lines)
             carry = block[ends[-1] + 1:]
             yield from _steps(pa.concat_tables(parts), chunk_lines, consumed)
-        if carry:  # the file's last line has no newline
+        if error is not None and on_cut is not None:
+            on_cut(Cut(next_no, carry, error))
+        elif carry:  # the file's last line has no newline (or, unreported, the cut one)
             lines, _ = split_lines(carry, np.array([len(carry)]), 0, next_no)
             yield from _steps(lines, chunk_lines, consumed)
 
 
-def read_block(handle, size: int) -> bytes:
-    """Up to `size` bytes of the file; of a gzip cut short or corrupt, what it holds before
-    the damage, then b"". (`read` would drop the part of a block decoded before the error.)"""
+def read_block(handle, size: int) -> tuple[bytes, str | None]:
+    """Up to `size` bytes of the file, and for a gzip cut short or damaged, what it holds
+    before the damage and why it stops there. (`read` would drop the part of a block
+    decoded before the error.)"""
     if not isinstance(handle, gzip.GzipFile):
-        return handle.read(size)
+        return handle.read(size), None
     parts, got = [], 0
     try:
         while got < size and (part := handle.read1(size - got)):
             parts.append(part)
             got += len(part)
-    except (EOFError, gzip.BadGzipFile, zlib.error):
-        pass  # the data ends here: its last line, cut off, is quarantined as broken JSON
-    return b"".join(parts)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        return b"".join(parts), str(exc) or type(exc).__name__
+    return b"".join(parts), None
 
 
 def newlines(block: bytes) -> np.ndarray:

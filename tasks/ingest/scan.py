@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.ingest.native import _logscan
-from tasks.ingest.lines import WHOLE_FILE, Start, read_chunks
+from tasks.ingest.lines import WHOLE_FILE, Cut, Start, read_chunks
 from tasks.ingest.checks import LogRules
 
 # Order of the scanner's outputs (tasks/ingest/native/logscan.c: the B_* and S_* enums). The decoded
@@ -55,6 +55,8 @@ class ScannedChunks:
 
     def __init__(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int,
                  start: Start = WHOLE_FILE) -> None:
+        self.cut: Cut | None = None
+        """Where a gzip's data stopped early, once every chunk has been taken."""
         self._ready: queue.Queue = queue.Queue(maxsize=1)
         self._taken = threading.Semaphore(0)
         self._stop = threading.Event()
@@ -64,7 +66,7 @@ class ScannedChunks:
 
     def _produce(self, path: Path, rules: LogRules, chunk_lines: int, chunk_bytes: int, start: Start) -> None:
         try:
-            steps = read_chunks(path, chunk_lines, chunk_bytes, start)
+            steps = read_chunks(path, chunk_lines, chunk_bytes, start, on_cut=self._found_cut)
             following = next(steps, None)
             while following is not None:
                 chunk, consumed = following
@@ -80,6 +82,9 @@ class ScannedChunks:
             _offer(self._ready, self._stop, _DONE)
         except BaseException as error:  # re-raised in the consumer, where the batch fails
             _offer(self._ready, self._stop, error)
+
+    def _found_cut(self, cut: Cut) -> None:
+        self.cut = cut
 
     def __iter__(self) -> Iterator[tuple[pa.Table, int, bool]]:
         """(scanned chunk, bytes read so far, whether it is the file's last chunk)"""
