@@ -46,8 +46,8 @@ def flywheel_cycle(params: CycleParams = CycleParams()) -> dict:
         stage_task("gate", release, run)
         stage_task("promote", release, run)
         summary = finish_task(cycle_id)
-        report_task(cycle_id, run)
-        return summary
+        report = report_task(cycle_id, run)
+        return {**summary, "report": report["folder"]}
 
 
 def train_rounds(cycle_id: str, production: str, rounds: int, staleness: int, run: dict) -> str:

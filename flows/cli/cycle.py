@@ -42,7 +42,21 @@ def cycle_command(
     summary = flywheel_cycle(CycleParams(cycle_id=cycle_id, landing=landing or [], rounds=rounds,
                                          tasks_per_round=tasks_per_round, samples_per_task=samples_per_task,
                                          max_staleness=max_staleness))
-    rich_console().print(summary)
+    print_summary(rich_console(), summary)
+
+
+def print_summary(console, summary: dict) -> None:
+    """The cycle's report (funnel, evaluation, the gate, the models it made: the summary.md
+    the report stage wrote), then where each second went and where the report is."""
+    from rich.markdown import Markdown
+
+    report = Path(summary["report"]) / "summary.md"
+    if report.is_file():
+        console.print(Markdown(report.read_text()))
+    seconds = ", ".join(f"{stage} {secs:.0f} s" for stage, secs in summary["stage_seconds"].items())
+    console.print(f"cycle {plain(summary['cycle_id'])} {summary['status']} in {summary['busy_seconds']:.0f} s "
+                  f"({seconds})", soft_wrap=True)
+    console.print(f"report: {plain(summary['report'])}", soft_wrap=True)
 
 
 def _landing_problem(landing: list[str]) -> str | None:

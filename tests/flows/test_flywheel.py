@@ -148,6 +148,17 @@ def test_a_cycle_fills_every_table_and_publishes_artifacts(cycle_home, monkeypat
         after = _counts(cycle_home)
         assert {t: after[t] for t in TABLES if t != "cycles"} == {t: counts[t] for t in TABLES if t != "cycles"}
         assert (cycle_home / "reports" / "t1" / "summary.md").exists()
+        assert again["report"] == str(cycle_home / "reports" / "t1")
+        # `flywheel cycle` prints the report, the time per stage and where the report is
+        from typer.testing import CliRunner
+
+        from flows.cli.app import app
+
+        shown = CliRunner().invoke(app, ["cycle", "--cycle-id", "t1"])
+        said = " ".join(shown.output.split())
+        assert shown.exit_code == 0, shown.output
+        assert "flywheel cycle t1" in said and "Funnel" in said and ("PROMOTED" in said or "REJECTED" in said)
+        assert "cycle t1 completed in " in said and "curate " in said and "report: " in said
 
 
 _RUN_CYCLE = textwrap.dedent("""
