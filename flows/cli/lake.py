@@ -29,16 +29,17 @@ def maintain_command(
         "Delete unreferenced files only once this old. Default: \\[maintenance] file_grace_hours."))] = None,
 ) -> None:
     """Merge small files, write inlined rows out, delete merged-away and orphaned files, the
-    checkpoints of completed cycles and, if asked ([maintenance] model_weights_days), old
-    models' weights."""
+    checkpoints of completed cycles, if asked ([maintenance] model_weights_days) old
+    models' weights, and on a lake in a bucket this machine's copies of the models it holds."""
     from storage.maintenance import maintain_configured_lake
-    from tasks.release.retention import drop_configured_weights
+    from tasks.release.retention import drop_configured_copies, drop_configured_weights
     from tasks.round.checkpoints import drop_configured_checkpoints
 
     console = rich_console()
     try:
         report = maintain_configured_lake(snapshot_retention_days=retention_days, file_grace_hours=grace_hours)
         dropped, weights = drop_configured_checkpoints(), drop_configured_weights()
+        copies = drop_configured_copies()
     except (ConfigError, LakeError) as exc:
         print_error(console, exc)
         raise typer.Exit(2) from None
@@ -54,3 +55,6 @@ def maintain_command(
     console.print(f"training checkpoints of completed cycles deleted: {dropped.jobs:,} jobs, "
                   f"{dropped.bytes / 2**30:.2f} GiB; weights of old rejected and passed-over models deleted: "
                   f"{weights.models:,} models, {weights.bytes / 2**30:.2f} GiB ([maintenance] model_weights_days)")
+    if copies.models:
+        console.print(f"copies on this machine of models the bucket holds deleted: {copies.models:,} models, "
+                      f"{copies.bytes / 2**30:.2f} GiB")

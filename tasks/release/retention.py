@@ -11,6 +11,13 @@ would load it says the weights are gone rather than failing on a missing folder.
 Left alone: production, retired models (the rollback targets), imported and registered
 ones, models of cycles running or failed, and any folder outside FLYWHEEL_HOME (a model
 registered from the user's own folder is theirs).
+
+On a lake in a bucket, a model's folders on this machine (the train job's export it was
+uploaded from, a download) are copies: `drop_local_copies` deletes them, every time
+maintenance runs, for every model but production and those of running or failed cycles,
+once the bucket is seen to hold each file at its size. A job that needs one again
+downloads it (tasks/release/models.py: local_model_dir). Without this, each round's
+export stayed on the trainer's disk for ever, rollback targets included.
 """
 from __future__ import annotations
 
@@ -66,6 +73,38 @@ def drop_old_weights(con: duckdb.DuckDBPyConnection, settings: LakeSettings, day
     return WeightsDropped(dropped, freed)
 
 
+def drop_local_copies(con: duckdb.DuckDBPyConnection, settings: LakeSettings) -> WeightsDropped:
+    """Delete this machine's copies of models kept in the bucket (the module docstring's
+    rule); `models` counts the models that had one."""
+    kept = con.execute(
+        "SELECT m.policy_version, m.uri FROM lake.models m LEFT JOIN lake.cycles c USING (cycle_id) "
+        "WHERE m.uri LIKE 's3://%' AND m.weights_deleted_at IS NULL AND m.status <> 'production' "
+        "AND coalesce(c.status, 'completed') = 'completed' ORDER BY m.policy_version").fetchall()
+    store, dropped, freed = None, 0, 0
+    for version, uri in kept:
+        folders = [f for f in (model_dir(jobs_root(settings.home) / version), settings.home / "models" / version)
+                   if f.is_dir() and not f.is_symlink()]
+        store = store or ObjectStore(settings)
+        held = {info.key: info.size for info in store.list(*_prefix(uri))} if folders else {}
+        copies = [f for f in folders if _held_in_bucket(f, uri, held)]
+        freed += sum(_delete(folder) for folder in copies)
+        dropped += bool(copies)
+    return WeightsDropped(dropped, freed)
+
+
+def _prefix(uri: str) -> tuple[str, str]:
+    bucket, prefix = parse_s3_uri(uri)
+    return bucket, prefix.rstrip("/") + "/"
+
+
+def _held_in_bucket(folder: Path, uri: str, held: dict[str, int]) -> bool:
+    """Whether every file of `folder` is in the bucket under `uri` at its size."""
+    prefix = _prefix(uri)[1]
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    return bool(files) and all(held.get(prefix + f.relative_to(folder).as_posix()) == f.stat().st_size
+                               for f in files)
+
+
 def drop_configured_weights() -> WeightsDropped:
     """`drop_old_weights` on the lake and `[maintenance]` policy flywheel.toml names."""
     cfg = load_section(MaintenanceConfig, "maintenance")
@@ -75,6 +114,18 @@ def drop_configured_weights() -> WeightsDropped:
     con = open_lake(settings)
     try:
         return drop_old_weights(con, settings, cfg.model_weights_days)
+    finally:
+        con.close()
+
+
+def drop_configured_copies() -> WeightsDropped:
+    """`drop_local_copies` on the lake flywheel.toml names, when it is in a bucket."""
+    settings = lake_settings()
+    if not settings.uses_s3:
+        return WeightsDropped(0, 0)
+    con = open_lake(settings, read_only=True)
+    try:
+        return drop_local_copies(con, settings)
     finally:
         con.close()
 

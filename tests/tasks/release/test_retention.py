@@ -11,10 +11,11 @@ from storage.objects import ObjectStore
 from storage.schemas import SCHEMAS
 from tasks.release.models import ModelNotFound, local_model_dir, publish_model
 from tasks.release.promote import ModelError, promote
-from tasks.release.retention import drop_old_weights
+from tasks.release.retention import drop_local_copies, drop_old_weights
 
 NOW = datetime(2026, 12, 20, tzinfo=timezone.utc)
-CYCLES = {"c-old": ("completed", 10), "c-new": ("completed", 1), "c-failed": ("failed", 10)}  # status, days ago
+CYCLES = {"c-old": ("completed", 10), "c-new": ("completed", 1), "c-failed": ("failed", 10),
+          "c-running": ("running", 0)}  # status, days ago
 
 
 def _folder(path, size: int = 1000):
@@ -76,3 +77,26 @@ def test_a_models_objects_in_the_bucket_go_with_its_local_copy(s3_lake_settings,
     assert (dropped.models, dropped.bytes) == (1, 2 * (1000 + 2))
     assert list(store.list(s3_lake_settings.s3_bucket, "models/")) == []
     assert not cached.exists() and not exported.exists()
+
+
+def test_on_a_bucket_lake_this_machines_copies_go_once_the_bucket_holds_them(s3_lake_settings):
+    """Each round's export stayed on the trainer's disk for ever, though the bucket holds it."""
+    settings = s3_lake_settings
+    ObjectStore(settings).ensure_bucket()
+    models, exports = [], {}
+    for version, status, cycle in [("retired", "retired", "c-old"), ("rejected", "rejected", "c-new"),
+                                   ("prod", "production", "c-old"), ("training", "candidate", "c-running"),
+                                   ("half-uploaded", "candidate", "c-old")]:
+        exports[version] = _folder(settings.home / "jobs" / version / "model")  # as the train stage left it
+        models.append((version, status, cycle, publish_model(settings, exports[version], version)))
+    store = ObjectStore(settings)
+    store.client.remove_object(settings.s3_bucket, "models/half-uploaded/model.safetensors")  # an upload cut short
+    con = _lake(settings, models)
+    cached = local_model_dir(settings, con, "retired")  # a job downloaded it once
+    dropped = drop_local_copies(con, settings)
+    assert (dropped.models, dropped.bytes) == (2, 3 * (1000 + 2))  # retired: export and download
+    assert {v for v, f in exports.items() if f.exists()} == {"prod", "training", "half-uploaded"}
+    assert not cached.exists()
+    again = local_model_dir(settings, con, "retired")  # what a job that needs it again does
+    assert (again / "model.safetensors").read_bytes() == b"w" * 1000
+    assert drop_local_copies(con, settings).models == 1  # only that download, the next time
