@@ -143,15 +143,21 @@ class Gateway:
         response.headers.update(self.limiter.headers(wait_s))
         return response
 
+    def too_large(self) -> JSONResponse:
+        # A multimodal app's photo inlined as a base64 data: URL is the commonest body past the
+        # limit: the 413 says which setting raises it, since the body is logged whole too.
+        return error(413, f"request body over {self.cfg.max_request_bytes} bytes (the gateway's max_request_bytes, "
+                          "FLYWHEEL_GATEWAY_MAX_REQUEST_BYTES; images inlined as base64 data: URLs count too)")
+
     async def read_json(self, request: Request) -> dict | JSONResponse:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.cfg.max_request_bytes:
-            return error(413, f"request body over {self.cfg.max_request_bytes} bytes")
+            return self.too_large()
         body = bytearray()
         async for part in request.stream():  # a body without (or lying about) its length is counted too
             body += part
             if len(body) > self.cfg.max_request_bytes:
-                return error(413, f"request body over {self.cfg.max_request_bytes} bytes")
+                return self.too_large()
         try:
             parsed = parse_json_body(bytes(body))
         except ValueError as exc:

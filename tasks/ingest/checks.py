@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from tasks.ingest.signals import tool_calls_text
+from tasks.ingest.signals import REASONING_FIELDS, tool_calls_text
 from verifiers.registry import DEFAULT_DOMAIN_MAP, VERIFIERS
 
 REQUIRED_FIELDS = ("messages", "response", "domain", "reference", "ts", "model", "failure")
@@ -255,6 +255,8 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
                 return f"messages[{i}] has the legacy `function_call`: write it as `tool_calls`"
             if isinstance(message.get("refusal"), str):  # OpenAI's refusal field
                 return f"messages[{i}] is a refusal with null content: put the refusal's text in `content`"
+            if _reasoning_only(message):
+                return f"messages[{i}] {REASONING_ONLY}"
         if message_text(message) is None:
             return f"messages[{i}].content {_content_problem(message.get('content'))}"
     return "a field has the wrong type"
@@ -275,6 +277,17 @@ def message_text(message: dict) -> str | None:
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
         return "\n".join(p["text"] for p in content)
     return None
+
+
+REASONING_ONLY = ("holds only a reasoning model's thoughts (`reasoning_content`), no content: a turn cut at "
+                  "max_tokens while thinking gave no answer; drop the turn or put its answer in `content`")
+
+
+def _reasoning_only(message: dict) -> bool:
+    """An assistant turn from a reasoning model (vLLM's `reasoning`, or `reasoning_content`)
+    with thoughts and no answer: its text is not the reply, so it is not taken as one."""
+    return message.get("role") == "assistant" and any(
+        isinstance(message.get(name), str) and message[name].strip() for name in REASONING_FIELDS)
 
 
 def _content_problem(content) -> str:
@@ -306,7 +319,7 @@ def _explain_empty(record: dict, rules: LogRules) -> str:
         return "`messages` is empty: a failure log needs the conversation"
     for i, message in enumerate(record["messages"]):
         if not message_text(message).strip():
-            return f"messages[{i}].content is empty"
+            return f"messages[{i}] {REASONING_ONLY}" if _reasoning_only(message) else f"messages[{i}].content is empty"
     return "the conversation has no user message"
 
 

@@ -2,8 +2,10 @@
 
 Pure rules over the gateway's records (format: tasks/ingest/gateway_records.py); no I/O.
 An answered call (status 200) failed when its reply broke a constraint the API carried:
-- `response_format` `json_schema`: the reply is not JSON, not an object, or violates the
-  schema (the `json_schema` verifier's own check, so curation judges the log alike);
+- `response_format` `json_schema` (or vLLM's `structured_outputs.json`): the reply is not
+  JSON, not an object, or violates the schema (the `json_schema` verifier's own check, so
+  curation judges the log alike); a reply with no content at all (a reasoning model cut
+  at max_tokens while thinking) is a failure too, said as such;
 - `response_format` `json_object`: the reply is not a JSON object;
 - a tool call: its arguments are not a JSON object matching its tool's `parameters`, or it
   names no tool of the request (judged only when the request had exactly one tool).
@@ -32,6 +34,9 @@ JSON_LINE = "Reply with only a JSON object that matches this JSON Schema: {schem
 TOOL_LINE = ("Call the tool `{name}`: reply with only its arguments, a JSON object that matches "
              "this JSON Schema: {schema}")
 OBJECT_SCHEMA = {"type": "object"}
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+"""Where a reasoning parser puts the model's thoughts: vLLM's name since 0.10, and the
+older one (DeepSeek's API, vLLM before)."""
 DETAIL_CHARS = 300
 """A failure's detail says what broke, not the whole reply."""
 
@@ -45,17 +50,18 @@ def call_failures(call: dict) -> list[dict]:
     """
     if call.get("status") != 200:
         return []
-    return [failure for index, message in enumerate(reply_messages(call))
-            for failure in _choice_failures(call, message, "" if index == 0 else f"choice{index}:")]
+    return [failure for index, (message, finish) in enumerate(reply_choices(call))
+            for failure in _choice_failures(call, message, finish, "" if index == 0 else f"choice{index}:")]
 
 
-def _choice_failures(call: dict, message: dict, id_prefix: str) -> list[dict]:
+def _choice_failures(call: dict, message: dict, finish_reason, id_prefix: str) -> list[dict]:
     request, failures = call["request"], []
     schema = response_schema(request)
+    text = text_of(message.get("content"))
     # A reply that only calls tools has not answered yet: the format binds the answer.
-    answered = bool(text_of(message.get("content"))) or not message.get("tool_calls")
+    answered = bool(text) or not message.get("tool_calls")
     if schema is not None and answered:
-        problem = object_problem(text_of(message.get("content")), schema)
+        problem = object_problem(text, schema) if text.strip() else no_answer(message, finish_reason)
         if problem:
             failures.append(_failure_log(
                 call, f"{id_prefix}json", kind="json", domain="json", detail=problem, reference={"schema": schema},
@@ -125,17 +131,33 @@ def response_schema(request: dict) -> dict | None:
     if declared is not None:
         return declared
     fmt = request.get("response_format")
-    return OBJECT_SCHEMA if isinstance(fmt, dict) and fmt.get("type") == "json_object" else None
+    wants_object = isinstance(fmt, dict) and fmt.get("type") == "json_object"
+    return OBJECT_SCHEMA if wants_object or _vllm_outputs(request).get("json_object") is True else None
 
 
 def declared_schema(request: dict) -> dict | None:
-    """The schema of a `json_schema` response format; one the validator cannot use judges
+    """The schema of a `json_schema` response format, or else of vLLM's own parameters
+    for it (`structured_outputs.json`, before 0.11 `guided_json`: a schema or its JSON
+    text), which apps written for vLLM send instead; one the validator cannot use judges
     nothing (the request was malformed, not the reply)."""
     fmt = request.get("response_format")
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("json_schema"), dict):
-        return None
-    schema = fmt["json_schema"].get("schema")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        schema = fmt["json_schema"].get("schema")
+    else:
+        schema = _vllm_outputs(request).get("json")
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except (ValueError, RecursionError):
+                return None
     return schema if _usable_schema(schema) else None
+
+
+def _vllm_outputs(request: dict) -> dict:
+    outputs = request.get("structured_outputs")
+    if isinstance(outputs, dict):
+        return outputs
+    return {"json": request["guided_json"]} if request.get("guided_json") is not None else {}
 
 
 def request_tools(request: dict) -> dict[str, dict]:
@@ -181,19 +203,32 @@ def prompt_messages(request: dict, constraint: str | None, *, keep_non_text: boo
 def reply_message(call: dict) -> dict:
     """`choices[0].message` of the call's response ({} when it has none): what a person's
     feedback on the call is about."""
-    messages = reply_messages(call)
-    return messages[0] if messages else {}
+    choices = reply_choices(call)
+    return choices[0][0] if choices else {}
 
 
-def reply_messages(call: dict) -> list[dict]:
-    """Every choice's message of the call's response, in choice order ({} for a choice
-    without one)."""
+def reply_choices(call: dict) -> list[tuple[dict, object]]:
+    """(message, finish_reason) of every choice of the call's response, in choice order
+    ({} for a choice without a message)."""
     response = call.get("response")
     choices = response.get("choices") if isinstance(response, dict) else None
     if not isinstance(choices, list):
         return []
-    messages = [c.get("message") if isinstance(c, dict) else None for c in choices]
-    return [m if isinstance(m, dict) else {} for m in messages]
+    choices = [c if isinstance(c, dict) else {} for c in choices]
+    return [(c["message"] if isinstance(c.get("message"), dict) else {}, c.get("finish_reason")) for c in choices]
+
+
+def no_answer(message: dict, finish_reason) -> str:
+    """Why a reply with no text broke its format: a reasoning model cut at max_tokens
+    while still thinking (content null, its thoughts in `reasoning`) is the common case,
+    and "not JSON: Expecting value" would send a reader looking for garbage."""
+    thinking = any(isinstance(message.get(name), str) and message[name].strip() for name in REASONING_FIELDS)
+    if finish_reason == "length":
+        return ("no answer: cut at the token limit (finish_reason length) "
+                + ("while still reasoning" if thinking else "before any content"))
+    said = [f"finish_reason {finish_reason}"] if finish_reason else []
+    said += ["only reasoning"] if thinking else []
+    return "no answer: empty content" + (f" ({', '.join(said)})" if said else "")
 
 
 def reply_text(message: dict) -> str:

@@ -76,6 +76,31 @@ def test_an_assistant_turn_that_only_called_tools_lands_with_its_calls_as_text(l
                              "turn with tool_calls, null), got null")
 
 
+def test_a_reasoning_models_turns_land_with_their_thoughts_and_a_turn_of_thoughts_alone_says_why(lake_settings,
+                                                                                                   tmp_path):
+    # chat JSONL from apps on vLLM or DeepSeek: the assistant's thoughts beside its answer
+    user = {"role": "user", "content": "What is 2+2?"}
+    thought = "Two and two make four."
+    answered = [{**user}, {"role": "assistant", "content": "4", "reasoning_content": thought}, user]
+    lines = [json.dumps({**valid_log(0), "messages": answered}),
+             json.dumps({**valid_log(1), "messages": [user, {"role": "assistant", "content": "4", "reasoning": thought},
+                                                      user]}),
+             json.dumps({**valid_log(2), "messages": [user, {"role": "assistant", "content": None,
+                                                             "reasoning_content": thought}, user]}),
+             json.dumps({**valid_log(3), "messages": [user, {"role": "assistant", "content": "", "reasoning": thought},
+                                                      user]})]
+    path = write_logs(tmp_path / "reasoning.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (2, 2)
+    (stored,) = con.execute("SELECT messages FROM lake.failure_logs WHERE line_no = 1").fetchone()
+    assert json.loads(stored) == answered
+    said = ("messages[1] holds only a reasoning model's thoughts (`reasoning_content`), no content: a turn cut at "
+            "max_tokens while thinking gave no answer; drop the turn or put its answer in `content`")
+    assert con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall() == [
+        (3, "wrong_type", said), (4, "empty_content", said)]
+
+
 def test_a_broken_message_beside_good_ones_is_quarantined(lake_settings, tmp_path):
     # these passed once (a NULL beside TRUE in the type check counted as TRUE) and then
     # broke curation, which reads every message's content

@@ -76,6 +76,9 @@ CLEAN = {
     "solution_null": json.dumps({**_code_log(), "reference": {**_code_log()["reference"], "solution": None}}),
     "schema_not_object": json.dumps({**_json_log(), "reference": {"schema": "object"}}),
     "tab_content": log_with(messages=[{"role": "user", "content": "\t"}]),
+    "reasoning_turn": log_with(messages=[{"role": "user", "content": "2+2?"},  # vLLM's reasoning parser's field
+                                         {"role": "assistant", "reasoning_content": "Four.", "content": "4"},
+                                         {"role": "user", "content": "Sure?"}]),
     "crlf": json.dumps(valid_log(7)) + "\r",
     "many_brackets_shallow": _raw("meta", '{"a": [' + "[[]]," * 200 + "[]]}"),
     "long_digit_string": log_with(meta={"n": "9" * 5000}),
@@ -118,6 +121,8 @@ NOT_CLEAN = {
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "w", "arguments": "{}"}}]}]),
     "no_content_no_calls": log_with(messages=[{"role": "user", "content": "x"}, {"role": "assistant"}]),
+    "reasoning_only_turn": log_with(messages=[{"role": "user", "content": "x"},
+                                              {"role": "assistant", "content": None, "reasoning": "Hm."}]),
     "user_with_calls": log_with(messages=[{"role": "user", "content": None, "tool_calls": [{"function": {}}]}]),
     "id_number": log_with(id=5),
     "id_null": log_with(id=None),

@@ -101,6 +101,37 @@ def test_unconstrained_unanswered_or_unjudgeable_calls_are_no_failures():
                               response_format=json_schema_format(PERSON))) == []
 
 
+def test_a_reasoning_model_cut_while_thinking_failed_its_format_and_the_detail_says_so():
+    # vLLM with a reasoning parser: the thoughts in `reasoning`, no content, cut at max_tokens
+    cut = call(None, response_format=json_schema_format(PERSON))
+    cut["response"]["choices"][0] = {"index": 0, "finish_reason": "length", "message": {
+        "role": "assistant", "content": None, "reasoning": "Ada Lovelace was born in 1815, so..."}}
+    (log,) = call_failures(cut)
+    assert log["failure"]["detail"] == "no answer: cut at the token limit (finish_reason length) while still reasoning"
+    assert log["response"] == "" and log["reference"] == {"schema": PERSON}
+    empty = call("", response_format={"type": "json_object"})
+    empty["response"]["choices"][0]["message"]["reasoning_content"] = "Nothing to say."
+    (log,) = call_failures(empty)
+    assert log["failure"]["detail"] == "no answer: empty content (finish_reason stop, only reasoning)"
+    answered = call('{"name": "Ada", "age": 36}', response_format=json_schema_format(PERSON))
+    answered["response"]["choices"][0]["message"]["reasoning"] = "Born 1815, died at 36."
+    assert call_failures(answered) == []
+
+
+def test_vllms_own_structured_output_parameters_are_judged_like_response_format():
+    # apps written for vLLM send the schema in extra_body: `structured_outputs` (or, before
+    # vLLM 0.11, `guided_json`, also as JSON text)
+    for request in ({"structured_outputs": {"json": PERSON}}, {"structured_outputs": {"json": json.dumps(PERSON)}},
+                    {"guided_json": PERSON}):
+        assert call_failures(call('{"name": "Ada", "age": 36}', **request)) == []
+        (log,) = call_failures(call("Ada, 36", **request))
+        assert log["reference"] == {"schema": PERSON} and log["messages"][0]["content"] == _json_line(PERSON)
+    (log,) = call_failures(call("[1]", structured_outputs={"json_object": True}))
+    assert log["failure"]["detail"] == "not a JSON object: a JSON array"
+    assert call_failures(call("Ada", structured_outputs={"regex": "[A-Z][a-z]+"})) == []
+    assert call_failures(call("Ada", structured_outputs={"json": "{not a schema"})) == []
+
+
 def test_content_parts_are_joined_and_developer_is_system():
     messages = [{"role": "developer", "content": [{"type": "text", "text": "Be terse."}]},
                 {"role": "user", "content": [{"type": "text", "text": "Who is Ada?"},
