@@ -220,10 +220,14 @@ def _reply_in_messages(record: dict) -> str:
 
 
 def _explain_json_python_reads(raw: str) -> str:
-    """Why DuckDB's parser refused a line Python's json reads: nearly always a lone UTF-16
-    surrogate escape, which a JavaScript exporter writes when it cuts an emoji in two."""
+    """Why a line Python's json reads is refused: nearly always a lone UTF-16 surrogate
+    escape, which a JavaScript exporter writes when it cuts an emoji in two (DuckDB's
+    parser refuses it), or a NaN or Infinity (tasks/ingest/features.py: _no_nan_sql)."""
     if re.search(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}", raw):
         return "not valid JSON: a \\uD800-\\uDFFF escape that is not one half of a surrogate pair"
+    if re.search(r"(?<![\w\"])-?(?:NaN|Infinity)(?![\w\"])", re.sub(r'"(?:[^"\\]|\\.)*"', '""', raw)):
+        return ("not valid JSON: NaN and Infinity are not JSON numbers (Python's json.dumps writes them "
+                "unless allow_nan=False): write null or a string")
     return "not valid JSON"
 
 

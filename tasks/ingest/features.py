@@ -83,7 +83,7 @@ WITH parsed AS (
   SELECT line_no, utf8_ok, nbytes, raw,
     CASE WHEN nbytes <= {rules.max_line_bytes} THEN try(json_extract(raw, [{_FIELD_PATHS}])) END AS v FROM {source}
 ), fields AS (
-  SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AS is_json,
+  SELECT line_no, utf8_ok, nbytes, v, v IS NOT NULL AND {_no_nan_sql()} AS is_json,
     CASE WHEN v IS NULL THEN 'INVALID' WHEN {_NO_FIELD} THEN json_type(raw) ELSE 'OBJECT' END AS top_type,
     {_python_reads_sql()}, {_FIELD_COLUMNS}
   FROM parsed
@@ -127,6 +127,19 @@ FROM typed
 """
 
 
+# The line with its strings blanked: what is left is JSON's structure, numbers and literals.
+_SKELETON = "regexp_replace(raw, '\"(?:[^\"\\\\]|\\\\.)*\"', '\"\"', 'g')"
+
+
+def _no_nan_sql() -> str:
+    """Whether the line holds no NaN or Infinity outside its strings. DuckDB's parser and
+    Python's json read them (Python's json.dumps writes them), but they are no JSON: a
+    strict reader of the lake refuses the row, and a reference answer of NaN made a task
+    that any reply of "NaN" solves. Only a line that has the letters is looked into."""
+    return (f"(NOT (contains(raw, 'NaN') OR contains(raw, 'Infinity')) OR NOT regexp_matches({_SKELETON}, "
+            "'(?:^|[^0-9A-Za-z_\"])-?(?:NaN|Infinity)(?:[^0-9A-Za-z_\"]|$)'))")
+
+
 def _python_reads_sql() -> str:
     """depth_ok, digits_ok: whether Python's json reads the line as DuckDB did (checks.MAX_DEPTH,
     MAX_DIGITS). A line nests no deeper than it has opening brackets and holds no integer
@@ -134,7 +147,7 @@ def _python_reads_sql() -> str:
     run of digits (one RE2 pass each) is looked into: its strings blanked, its brackets matched
     against a pattern of MAX_DEPTH levels, its integers measured. Clean lines never come here
     (the native scanner bounds both). A line that is not JSON passes both: bad_json is its reason."""
-    skeleton = "regexp_replace(raw, '\"(?:[^\"\\\\]|\\\\.)*\"', '\"\"', 'g')"
+    skeleton = _SKELETON
     many_brackets = f"regexp_matches(raw, '(?:[^\\[{{]*[\\[{{]){{{MAX_DEPTH + 1}}}')"
     return f"""CASE WHEN v IS NULL OR NOT {many_brackets} THEN true
       ELSE regexp_full_match(regexp_replace({skeleton}, '[^\\[\\]{{}}]', '', 'g'), '{_nesting(MAX_DEPTH)}') END

@@ -176,6 +176,23 @@ def test_lines_python_cannot_read_as_duckdb_does_are_quarantined_with_a_reason(l
         assert json.loads(reference) and json.loads(meta)  # what curation reads, as it reads it
 
 
+def test_nan_and_infinity_are_no_json_but_the_words_in_a_string_are_text(lake_settings, tmp_path):
+    # Python's json.dumps writes NaN and Infinity, and DuckDB's parser and Python's json read
+    # them: a reference answer of NaN landed, and curation kept a task any "NaN" reply solves.
+    nan_answer = json.dumps({**valid_log(1), "reference": {"answer": 0.5}}).replace("0.5", "NaN")
+    infinite_meta = json.dumps({**valid_log(2), "meta": {"score": 0.5}}).replace("0.5", "-Infinity")
+    words = {**valid_log(3), "response": "NaN", "meta": {"note": "to Infinity and beyond", "NaN": 1}}
+    path = write_logs(tmp_path / "nan.jsonl", 0, extra_lines=[nan_answer, infinite_meta, json.dumps(words)])
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (1, 2)
+    got = con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert [(line_no, kind) for line_no, kind, _ in got] == [(1, "bad_json"), (2, "bad_json")]
+    assert all("NaN and Infinity are not JSON numbers" in reason and "allow_nan=False" in reason
+               for _, _, reason in got)
+    assert con.execute("SELECT response FROM lake.failure_logs").fetchone() == ("NaN",)
+
+
 def test_a_utf16_file_is_quarantined_saying_so(lake_settings, tmp_path):
     # Windows PowerShell's `>` and Out-File write UTF-16: every line is refused, and says why
     path = tmp_path / "exported.jsonl"

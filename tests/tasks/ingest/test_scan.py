@@ -82,6 +82,7 @@ CLEAN = {
     "crlf": json.dumps(valid_log(7)) + "\r",
     "many_brackets_shallow": _raw("meta", '{"a": [' + "[[]]," * 200 + "[]]}"),
     "long_digit_string": log_with(meta={"n": "9" * 5000}),
+    "nan_words_in_strings": log_with(response="NaN", meta={"NaN": "Infinity"}),
 }
 
 # Lines the fast path leaves to the full query: it must not claim them.
@@ -98,6 +99,7 @@ NOT_CLEAN = {
     "huge_int": log_with(meta={"n": 10 ** 25}),
     "trailing_comma": json.dumps(valid_log(8))[:-1] + ",}",
     "nan": _raw("meta", '{"x": NaN}'),
+    "infinity_answer": _raw("reference", '{"answer": -Infinity}'),
     "repeated_key": json.dumps(valid_log(9))[:-1] + ', "domain": "code"}',
     "repeated_role": _raw("messages", '[{"role": "user", "role": "tool", "content": "x"}]'),
     "nul": _raw("response", r'"a\u0000b"'),
