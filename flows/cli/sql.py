@@ -51,7 +51,7 @@ def sql_command(
 
 
 def write_csv(names: list[str], batches: Iterator[list[tuple]]) -> None:
-    writer = csv.writer(sys.stdout)
+    writer = csv.writer(sys.stdout, lineterminator="\n")  # a shell line: `$(flywheel sql ... | tail -1)` has no \r
     writer.writerow(names)
     for batch in batches:
         writer.writerows([tuple(_text(v) if isinstance(v, bytes) else v for v in row) for row in batch])

@@ -109,3 +109,15 @@ def test_json_lines_keep_every_column_and_stay_json(home):
     assert json.loads(line, parse_constant=refuse) == {"x": 1, "x_1": 2, "n": None, "i": None, "b": "\\xAA\\x5CA",
                                                        "l": [1.5, None]}
     assert runner.invoke(app, ["sql", "SELECT from_hex('AA5C41') AS b", "-f", "csv"]).output == "b\n\\xAA\\x5CA\n"
+
+
+def test_csv_lines_end_as_shell_lines_do(home):
+    """csv's default CRLF reached a shell: `v=$(flywheel sql ... -f csv | tail -1)` held a \\r,
+    and the next command was told of no model 'a6b0...\\r'. (CliRunner turns CRLF into LF, so
+    the command runs as a user runs it.)"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "flows.cli.app", "sql", "SELECT line_no FROM failure_logs "
+                           "ORDER BY line_no LIMIT 2", "-f", "csv"], capture_output=True, check=True)
+    assert done.stdout == b"line_no\n1\n1\n"
