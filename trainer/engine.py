@@ -145,25 +145,96 @@ def budgets(cfg: EngineConfig, prompts: list[Messages], domains: Domains) -> lis
     return [cfg.budget(d) for d in (domains or [None] * len(prompts))]
 
 
+PROMPT_TOO_LONG = "too_long"  # leaves no room for its completion budget within the context
+PROMPT_UNRENDERABLE = "unrenderable"  # the model's chat template refuses it (PromptError)
+
+
+class PromptError(ValueError):
+    """Chat messages the model's chat template cannot render faithfully; the message says why."""
+
+
 def prompt_fits(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
                 domains: Domains = None) -> list[bool]:
-    """Whether each prompt leaves room for its completion budget within the context.
+    """Whether each prompt can be sampled: it renders and leaves room for its completion budget."""
+    return [problem is None for problem in prompt_problems(model_dir, prompts, cfg, domains)]
 
-    vLLM refuses a whole batch when one prompt is too long, so callers keep only the
-    prompts that fit (and count the ones they left out) instead of losing the batch.
+
+def prompt_problems(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
+                    domains: Domains = None) -> list[str | None]:
+    """Why each prompt cannot be sampled (PROMPT_TOO_LONG, PROMPT_UNRENDERABLE), None where it can.
+
+    vLLM refuses a whole batch when one prompt is too long, and one prompt the template
+    refuses would stop the whole encoding, so callers keep only the prompts with no
+    problem and count the others by reason instead of losing the batch.
     """
+    from transformers import AutoTokenizer
+
     cfg = cfg.for_model(model_dir)
-    return [len(ids) + budget <= cfg.max_model_len
-            for ids, budget in zip(encode_prompts(Path(model_dir), prompts), budgets(cfg, prompts, domains))]
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    problems: list[str | None] = []
+    for messages, budget in zip(prompts, budgets(cfg, prompts, domains), strict=True):
+        try:
+            ids = encode_prompt(tokenizer, messages)
+        except PromptError:
+            problems.append(PROMPT_UNRENDERABLE)
+            continue
+        problems.append(None if len(ids) + budget <= cfg.max_model_len else PROMPT_TOO_LONG)
+    return problems
 
 
 def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
-    """Apply the model's chat template, ending with the assistant turn's opening."""
+    """Apply the model's chat template, ending with the assistant turn's opening; PromptError
+    for a prompt it cannot render (callers with prompts from data filter by prompt_problems)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return [encode_prompt(tokenizer, m) for m in prompts]
+
+
+def encode_prompt(tokenizer, messages: Messages) -> list[int]:
+    """One prompt's ids: the template's text, tokenised without the tokenizer's own special
+    tokens (a template that writes BOS, as Llama 3's and Gemma's do, gets it once), which is
+    what `apply_chat_template(tokenize=True)` and vLLM's chat endpoint give.
+
+    Messages are rendered as they are, never rewritten to suit a template: the policy is
+    served through the same template (vLLM's chat endpoint), so a prompt trained on is one
+    production can send. Folding a system message into the first user turn, as Gemma's docs
+    advise, would train on a prompt this template never produces, and each family folds in
+    its own way (Llama 2 wraps it in <<SYS>>, Mistral v0.3 prepends it to the last user turn,
+    Gemma 3 to the first) that one generic rewrite would get wrong; two user turns in a row
+    (refused by Mistral v0.1/v0.2 and Llama 2) have no fold at all. A family that folds does
+    so in its own template, which is used as is. So a refused prompt is a PromptError that
+    callers count and leave out: a bad row, not a failed batch.
+    """
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # raise_exception ("System role not supported", "Conversation roles must alternate"), an
+    # undefined field, or str + None (an assistant turn holding only tool_calls). Not
+    # ValueError: transformers' "no chat template" is the model's fault, not this prompt's.
+    except (TemplateError, TypeError) as exc:
+        raise PromptError(f"the chat template cannot render these messages: {exc}") from exc
+    dropped = dropped_tool_calls(messages, text)
+    if dropped:
+        raise PromptError(f"the chat template does not render tool calls ({', '.join(dropped)}): the model "
+                          "would read a tool's answer to a call it never made")
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def dropped_tool_calls(messages: Messages, text: str) -> list[str]:
+    """The tool calls of assistant turns whose function name the rendered text lacks. A template
+    that knows no `tool_calls` (Llama 3.0, Gemma, Mistral v0.1) renders such a turn as its
+    content alone, "None" or "", and raises nothing."""
+    names = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else []:
+            function = call.get("function", call) if isinstance(call, dict) else {}
+            name = function.get("name") if isinstance(function, dict) else None
+            if isinstance(name, str) and name and name not in text:
+                names.append(name)
+    return names
 
 
 def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,

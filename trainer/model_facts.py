@@ -6,6 +6,8 @@ Generation and training take these from the model, never from the toy's defaults
   chat template. That token is found by rendering a conversation and reading what the
   template writes right after the assistant's text (`<|im_end|>` for ChatML,
   `<|eot_id|>` for Llama 3, `<end_of_turn>` for Gemma), so no template is special-cased;
+- generation prompt: a template must end a prompt where the assistant's text starts; one
+  that ignores `add_generation_prompt` (and writes no opening itself) is refused;
 - parameters: summed from the safetensors headers of the files transformers loads (the
   index's shards, else model.safetensors), without loading a weight; a file shorter than
   its header says (a copy cut short) is refused here rather than when a job loads it.
@@ -58,6 +60,9 @@ def _read_facts(folder: str, _stamp: float) -> ModelFacts:
     stops = stop_token_ids(tokenizer, Path(folder))
     if not stops:  # every completion would run to its budget and be judged cut off
         raise ValueError(f"{folder}: {NO_STOP_TOKEN}")
+    problem = generation_prompt_problem(tokenizer)
+    if problem:
+        raise ValueError(f"{folder}: {problem}")
     return ModelFacts(context, stops, parameter_count(Path(folder)), default_template(tokenizer))
 
 
@@ -110,6 +115,39 @@ def template_end_of_turn(tokenizer) -> int | None:
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
     special = set(tokenizer.all_special_ids)
     return next((int(i) for i in ids if i in special), None)
+
+
+def generation_prompt_problem(tokenizer) -> str | None:
+    """Why a prompt would not end where the assistant's text starts, or None.
+
+    A template that ignores `add_generation_prompt` ends every prompt after the user's
+    turn, so the policy is asked to continue the user's turn: it writes the assistant's
+    opening itself, or ends at once, and every sample is judged on that. Seen by rendering
+    a user turn both ways (the same text: the switch is ignored) and then with an assistant
+    turn: what precedes the assistant's text beyond that prompt is the opening it lacks.
+    Only whitespace may: Llama 2's and Mistral's prompts end at `[/INST]`, the answer after
+    a space. A generation prompt that differs (Qwen3's, DeepSeek-R1's think tags) is the
+    template's own choice and is not judged here.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    from jinja2 import TemplateError
+
+    user = [{"role": "user", "content": "hi"}]
+    try:
+        prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        bare = tokenizer.apply_chat_template(user, add_generation_prompt=False, tokenize=False)
+        turn = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": _MARK}], tokenize=False)
+    except (TemplateError, TypeError, ValueError):  # nothing to judge by; prompts are checked one by one
+        return None
+    if prompt != bare or _MARK not in turn or not turn.startswith(prompt):
+        return None
+    opening = turn[len(prompt):turn.index(_MARK)]
+    if not opening.strip():
+        return None
+    return (f"the chat template ignores add_generation_prompt: a prompt ends before the assistant's turn "
+            f"opens ({opening!r} is missing), so the model would go on with the user's turn; fix the "
+            "template's `{% if add_generation_prompt %}` branch")
 
 
 def parameter_count(folder: Path) -> int:

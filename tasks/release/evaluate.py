@@ -31,7 +31,7 @@ Not here: the comparison of two policies (`tasks.release.gate`).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -122,6 +122,8 @@ class EvalSummary:
     item_scores: per clean item its pass rate (`score`), n judged and c passed: the gate's input.
     contaminated: excluded items with the training task that copies them and the evidence.
     reused: items whose rows came from an earlier evaluation (tasks.release.reuse).
+    left_out: items not sampled, by reason (trainer.engine.prompt_problems: too_long, the
+        policy's chat template refuses them: unrenderable); in no number above.
     """
 
     policy_version: str
@@ -135,6 +137,7 @@ class EvalSummary:
     item_scores: list[dict]
     contaminated: list[dict]
     reused: int = 0
+    left_out: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -286,27 +289,30 @@ class Policy:
 
 @dataclass(frozen=True)
 class EvalPlan:
-    """One policy's evaluation before sampling: the items that fit its context, the rows
-    reused for some of them, the rest to sample, and the contaminated items."""
+    """One policy's evaluation before sampling: the items it can be asked (they render and
+    fit its context), the rows reused for some of them, the rest to sample, the contaminated
+    items, and how many items it cannot be asked, by reason."""
 
     policy: Policy
     items: list[Item]
     reused: dict[tuple[str, str], list[dict]]
     to_sample: list[Item]
     contaminated: dict[tuple[str, str], list[dict]]
+    left_out: dict[str, int] = field(default_factory=dict)
 
 
 def plan_policy(con: duckdb.DuckDBPyConnection, policy: Policy, items: list[Item], cfg: EvalConfig,
                 settings: str, cycle_id: str, measure_fit: bool) -> EvalPlan:
-    mine = items
-    if items and measure_fit:  # longer than the model's context: unscorable
-        fits = engine.prompt_fits(policy.model_dir, [i.messages for i in items], cfg.engine,
-                                  [i.domain for i in items])
-        mine = [item for item, ok in zip(items, fits, strict=True) if ok]
+    mine, left_out = items, Counter()
+    if items and measure_fit:  # longer than the model's context, or refused by its template: unscorable
+        problems = engine.prompt_problems(policy.model_dir, [i.messages for i in items], cfg.engine,
+                                          [i.domain for i in items])
+        mine = [item for item, problem in zip(items, problems, strict=True) if problem is None]
+        left_out = Counter(p for p in problems if p is not None)
     reused = reuse.earlier_rows(con, policy.version, mine, settings, cfg.engine.n, cycle_id) if cfg.reuse else {}
     train = training_tasks(con, policy.version, *policy.also_check)
     return EvalPlan(policy, mine, reused, [i for i in mine if (i.eval_set, i.item_id) not in reused],
-                 find_contaminated(mine, train, cfg.decontam))
+                 find_contaminated(mine, train, cfg.decontam), dict(left_out))
 
 
 def reused_rows(plan: EvalPlan, cycle_id: str) -> list[dict]:
@@ -348,7 +354,7 @@ def evaluate_policies(con: duckdb.DuckDBPyConnection, policies: list[Policy], cf
         rows.sort(key=lambda r: (order[(r["eval_set"], r["item_id"])], r["sample_idx"]))
         write_evaluations(con, rows, version, cycle_id)
         summaries.append(replace(summarize(rows, plan.contaminated, cfg, version, cycle_id),
-                                 reused=len(plan.reused)))
+                                 reused=len(plan.reused), left_out=plan.left_out))
     return summaries
 
 
@@ -364,4 +370,5 @@ def run(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, key: StageKey) -> dict:
         Policy(str(local_model_dir(settings, con, key.production)), key.production, also_check=(key.policy,))],
         cfg, key.cycle_id)
     return {"evaluated": True, "candidate": cand.headline, "production": prod.headline,
-            "contaminated": len(cand.contaminated), "reused_items": cand.reused + prod.reused}
+            "contaminated": len(cand.contaminated), "reused_items": cand.reused + prod.reused,
+            "left_out": {"candidate": cand.left_out, "production": prod.left_out}}

@@ -32,7 +32,7 @@ from tasks.release.models import local_model_dir
 from tasks.round.adaptive import routes_table, sample_and_route, sample_wave
 from tasks.round.routing import RoutingConfig
 from tasks.round.verify import VerifyStageConfig, verdict_counts
-from trainer.engine import EngineConfig, Sample, prompt_fits
+from trainer.engine import PROMPT_TOO_LONG, PROMPT_UNRENDERABLE, EngineConfig, Sample, prompt_problems
 from verifiers.verdict import INFRA_STATUSES_SQL
 
 if TYPE_CHECKING:
@@ -172,17 +172,24 @@ def round_candidates(con: duckdb.DuckDBPyConnection, recent_rounds: int) -> list
     return candidates
 
 
-def pick_round_tasks(con: duckdb.DuckDBPyConnection, model_dir: str | Path, cfg: RolloutConfig) -> tuple[list, int]:
-    """This round's tasks, and how many candidates were left out because their prompt
-    would not fit the context (vLLM refuses a whole batch for one such prompt)."""
+def pick_round_tasks(con: duckdb.DuckDBPyConnection, model_dir: str | Path,
+                     cfg: RolloutConfig) -> tuple[list, Counter]:
+    """This round's tasks, and how many candidates were left out, by reason: a prompt too
+    long for the context (vLLM refuses a whole batch for one) or one the model's chat
+    template refuses (trainer.engine.prompt_problems)."""
     candidates = round_candidates(con, cfg.recent_rounds)
     # held-out tasks are the fresh-failures evaluation set: never trained on
     candidates = [c for c in candidates if not is_heldout(c["task_id"], cfg.heldout_fraction)]
     if cfg.domains:
         candidates = [c for c in candidates if c["domain"] in cfg.domains]
-    fits = prompt_fits(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine,
-                       [c["domain"] for c in candidates])
-    return select_tasks([c for c, ok in zip(candidates, fits, strict=True) if ok], cfg), fits.count(False)
+    problems = prompt_problems(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine,
+                               [c["domain"] for c in candidates])
+    usable = [c for c, problem in zip(candidates, problems, strict=True) if problem is None]
+    return select_tasks(usable, cfg), Counter(p for p in problems if p is not None)
+
+
+def _left_out(problems: Counter) -> dict:
+    return {"prompts_too_long": problems[PROMPT_TOO_LONG], "prompts_unrenderable": problems[PROMPT_UNRENDERABLE]}
 
 
 def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_version: str,
@@ -194,10 +201,10 @@ def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
     done = con.execute("SELECT count(*) FROM lake.rollouts WHERE cycle_id = ? AND round = ?",
                        [cycle_id, round_idx]).fetchone()[0]
     if done:
-        return {"rollouts": 0, "prompts_too_long": 0}
-    tasks, too_long = pick_round_tasks(con, model_dir, cfg)
+        return {"rollouts": 0, **_left_out(Counter())}
+    tasks, problems = pick_round_tasks(con, model_dir, cfg)
     if not tasks:
-        return {"rollouts": 0, "prompts_too_long": too_long}
+        return {"rollouts": 0, **_left_out(problems)}
 
     def make_rollouts(pairs):
         return rollout_table(pairs, policy_version, round_idx, cycle_id)
@@ -208,7 +215,7 @@ def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
             n = len(tasks)
             table = make_rollouts(sample_wave(model_dir, tasks, cfg.engine, [cfg.engine.n] * n, [0] * n, wave=0))
         with transaction(con, f"rollouts {policy_version} round {round_idx}"):
-            return {"rollouts": append_rows(con, "rollouts", table), "prompts_too_long": too_long}
+            return {"rollouts": append_rows(con, "rollouts", table), **_left_out(problems)}
     with lake_released(con):
         out = sample_and_route(model_dir, tasks, cfg.engine, cfg.routing, verify, make_rollouts, cycle_id)
     routes = routes_table(out["routes"], policy_version, round_idx, cycle_id)
@@ -217,7 +224,7 @@ def sample_round(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
         append_rows(con, "verdicts", out["verdicts"])
         append_rows(con, "routes", routes)
     route_counts = Counter(routes["route"].to_pylist())
-    return {"rollouts": written, "prompts_too_long": too_long, "tasks": len(tasks),
+    return {"rollouts": written, **_left_out(problems), "tasks": len(tasks),
             "topped_up": out["topped_up"], "samples_saved": out["samples_saved"],
             **{f"route_{r}": route_counts.get(r, 0) for r in ROUTES}, **verdict_counts(out["verdicts"])}
 

@@ -1,8 +1,12 @@
 import pytest
+from transformers import AutoTokenizer
 
 from tests.trainer.conftest import score_tokens
-from trainer.engine import EngineConfig, generate, generate_vllm, generate_vllm_each
+from trainer.engine import (PROMPT_UNRENDERABLE, EngineConfig, PromptError, encode_prompts, generate, generate_vllm,
+                            generate_vllm_each, prompt_fits, prompt_problems)
 from flows.demo.tiny_model import ModelConfig, init_model
+from tests.trainer.chat_templates import (GEMMA, GEMMA_TOKENS, LLAMA2, LLAMA3, LLAMA3_TOKENS, MISTRAL, QWEN25,
+                                          with_chat_template)
 from tests.trainer.conftest import addition_prompt
 
 PROMPTS = [addition_prompt(12, 34), addition_prompt(56, 7), [{"role": "user", "content": "Say hi\n  twice"}]]
@@ -67,3 +71,49 @@ def test_vllm_serves_several_models_from_one_process_as_each_would_alone(tiny_mo
     assert [s.token_ids for s in first[:len(second)]] != [s.token_ids for s in second]  # really another model
     worst = max(abs(a - b) for x, y in zip(second, alone) for a, b in zip(x.logprobs, y.logprobs))
     assert worst < 1e-5
+
+
+USER = [{"role": "user", "content": "What is 2+2?"}]
+SYSTEM = [{"role": "system", "content": "Answer with a number."}, *USER]
+TWO_USERS = [{"role": "user", "content": "Hi."}, *USER]  # a log whose first request went unanswered
+
+
+@pytest.mark.parametrize("template, tokens, refused", [
+    (GEMMA, GEMMA_TOKENS, [False, True, True]),  # "System role not supported", roles must alternate
+    (MISTRAL, (), [False, True, True]),  # v0.1/v0.2: a system turn breaks the alternation too
+    (LLAMA2, (), [False, False, True]),  # folds a system turn into <<SYS>> itself
+])
+def test_prompts_a_chat_template_refuses_are_left_out_not_the_batch(tmp_path, template, tokens, refused):
+    model = with_chat_template(init_model(tmp_path / "m"), template, tokens)
+    cfg = EngineConfig(backend="transformers", n=2, max_tokens=4)
+    prompts = [USER, SYSTEM, TWO_USERS]
+    assert prompt_problems(model, prompts, cfg) == [PROMPT_UNRENDERABLE if r else None for r in refused]
+    assert prompt_fits(model, prompts, cfg) == [not r for r in refused]
+    kept = [p for p, r in zip(prompts, refused) if not r]
+    assert len(generate(model, kept, cfg)) == len(kept) * cfg.n  # what is kept samples
+    with pytest.raises(PromptError, match="Conversation roles must alternate"):
+        encode_prompts(model, [TWO_USERS])
+
+
+TOOL_TURNS = [{"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": None, "tool_calls": [
+                  {"id": "call_1", "type": "function",
+                   "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+              {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"},
+              {"role": "user", "content": "So, shorts?"}]
+
+
+@pytest.mark.parametrize("template, tokens, problem", [
+    (LLAMA3, LLAMA3_TOKENS, PROMPT_UNRENDERABLE),  # 3.0 renders the call's turn as "None", no call
+    (None, (), PROMPT_UNRENDERABLE),  # the tiny model's ChatML: str + None raises TypeError
+    (QWEN25, (), None),  # renders the call and the tool's answer
+])
+def test_tool_calls_a_template_does_not_render_leave_the_prompt_out(tmp_path, template, tokens, problem):
+    model = init_model(tmp_path / "m")
+    if template:
+        with_chat_template(model, template, tokens)
+    cfg = EngineConfig(backend="transformers", max_tokens=4)
+    assert prompt_problems(model, [USER, TOOL_TURNS], cfg) == [None, problem]
+    if problem is None:
+        text = AutoTokenizer.from_pretrained(str(model)).decode(encode_prompts(model, [TOOL_TURNS])[0])
+        assert "get_weather" in text and "sunny, 21C" in text

@@ -10,6 +10,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from flows.demo.tiny_model import init_model
+from tests.trainer.chat_templates import (GEMMA, GEMMA_TOKENS, LLAMA2, LLAMA3, LLAMA3_TOKENS, MISTRAL,
+                                          NO_GENERATION_PROMPT, QWEN3, QWEN25, with_chat_template)
 from tests.trainer.model_folders import without_stop_token
 from trainer.model_facts import parameter_count, read_facts
 
@@ -77,3 +79,27 @@ def test_a_chat_template_that_cannot_render_a_turn_is_a_clear_error(tiny, templa
     (tiny / "chat_template.jinja").write_text(template)
     with pytest.raises(ValueError, match="chat template cannot render a user and an assistant turn"):
         read_facts(tiny)
+
+
+def test_a_template_that_ignores_add_generation_prompt_is_refused(tiny):
+    """Its prompts would end after the user's turn: the model would go on with that turn
+    rather than answer, and every sample would be judged on it."""
+    (tiny / "chat_template.jinja").write_text(NO_GENERATION_PROMPT)
+    with pytest.raises(ValueError, match=r"ignores add_generation_prompt.*'<\|im_start\|>assistant\\n' is missing"):
+        read_facts(tiny)
+
+
+@pytest.mark.parametrize("template, tokens, stop", [
+    (GEMMA, GEMMA_TOKENS, "<end_of_turn>"),
+    (MISTRAL, (), "<|im_end|>"),  # no add_generation_prompt: its prompt ends at [/INST] anyway
+    (LLAMA2, (), "<|im_end|>"),
+    (LLAMA3, LLAMA3_TOKENS, "<|eot_id|>"),
+    (QWEN25, (), "<|im_end|>"),
+    (QWEN3, (), "<|im_end|>"),  # enable_thinking switches what its prompt ends with
+])
+def test_the_families_templates_are_read_with_their_end_of_turn(tiny, template, tokens, stop):
+    from transformers import AutoTokenizer
+
+    facts = read_facts(with_chat_template(tiny, template, tokens))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny))
+    assert stop in tokenizer.convert_ids_to_tokens(list(facts.stop_token_ids))

@@ -231,6 +231,27 @@ def test_with_the_real_engine_on_a_tiny_model(lake, tmp_path, scheduler):
         sum(r[2] == "length" for r in clean) / len(clean))
 
 
+def test_items_the_policys_chat_template_refuses_are_left_out_and_counted(tmp_path, scheduler):
+    """Gemma's template refuses a system turn: that item is not sampled, counted by reason,
+    and the other items are evaluated rather than the whole evaluation failing."""
+    from flows.demo.tiny_model import init_model
+    from tests.trainer.chat_templates import GEMMA, GEMMA_TOKENS, with_chat_template
+
+    con = open_lake(LakeSettings(home=tmp_path / "home"))
+    system = {"role": "system", "content": "Answer with a number."}
+    items = [{"id": "plain", "domain": "math", "prompt": "What is 2+2?", "reference": {"answer": "4"}},
+             {"id": "system", "domain": "math", "prompt": [system, {"role": "user", "content": "What is 3+3?"}],
+              "reference": {"answer": "6"}}]
+    (tmp_path / "set.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    register_evalset(con, "chat", tmp_path / "set.jsonl")
+    policy = with_chat_template(init_model(tmp_path / "tiny"), GEMMA, GEMMA_TOKENS)
+    cfg = EvalConfig(engine=EngineConfig(backend="transformers", n=2, max_tokens=3), k=2,
+                     heldout_fraction=0.0, scheduler_address=scheduler)
+    summary = evaluate_policies(con, [Policy(str(policy), "cand")], cfg, "c1")[0]  # the real engine
+    assert summary.left_out == {"unrenderable": 1} and summary.headline["items"] == 1
+    assert con.execute("SELECT DISTINCT item_id FROM lake.evaluations").fetchall() == [("plain",)]
+
+
 def counting_engine(calls: list):
     """table_engine for any number of models, recording the prompts each was asked."""
     def each(runs, engine_cfg, domains):

@@ -14,6 +14,7 @@ from flows.cli.app import app
 from flows.demo.tiny_model import ModelConfig, init_model
 from storage.lake import open_lake
 from tasks.release.models import ModelFolderError, import_model, register_model
+from tests.trainer.chat_templates import NO_GENERATION_PROMPT
 from tests.trainer.model_folders import without_stop_token
 from trainer.model_import import ModelImportError
 
@@ -280,6 +281,14 @@ def test_a_chat_template_that_cannot_render_a_turn_is_refused(lake_settings, mon
     output = " ".join(result.output.split())
     assert result.exit_code == 1 and "System message required" in output and "Traceback" not in output, result.output
     assert "cannot render a user and an assistant turn" in output and _models_left(lake_settings) == []
+
+
+def test_a_chat_template_that_never_opens_the_assistants_turn_is_refused(lake_settings, tiny):
+    (tiny / "chat_template.jinja").write_text(NO_GENERATION_PROMPT)
+    con = open_lake(lake_settings)
+    with pytest.raises(ModelImportError, match="ignores add_generation_prompt"):
+        import_model(con, lake_settings, str(tiny), "float32")
+    assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 0 and _models_left(lake_settings) == []
 
 
 def test_importing_again_brings_back_a_stored_folder_that_was_deleted(lake_settings, tiny):

@@ -6,7 +6,8 @@ import pytest
 
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
-from tasks.round.rollout import RolloutConfig, round_candidates, run_rollouts, select_tasks
+from tasks.round.rollout import RolloutConfig, round_candidates, run_rollouts, sample_round, select_tasks
+from tests.trainer.chat_templates import GEMMA, GEMMA_TOKENS, with_chat_template
 from trainer.engine import EngineConfig
 from flows.demo.tiny_model import init_model
 
@@ -29,9 +30,10 @@ def test_selection_prefers_informative_tasks_and_balances_domains():
         RolloutConfig(domains=("",))
 
 
-def add_tasks(con, problems):
+def add_tasks(con, problems, before=()):
+    """Addition tasks; `before`: turns of the logged conversation ahead of the question."""
     rows = [{"task_id": f"add-{a}-{b}", "domain": "math", "prompt": f"What is {a}+{b}?",
-             "messages": json.dumps([{"role": "user", "content": f"What is {a}+{b}?"}]), "verifier": "math",
+             "messages": json.dumps([*before, {"role": "user", "content": f"What is {a}+{b}?"}]), "verifier": "math",
              "spec": json.dumps({"answer": str(a + b)}), "source_log_ids": [], "created_at": datetime.now(timezone.utc),
              "cycle_id": "c0"} for a, b in problems]
     append_rows(con, "tasks", pa.Table.from_pylist(rows, schema=SCHEMAS["tasks"]))
@@ -52,6 +54,22 @@ def test_rollouts_are_written_once_per_round(lake_settings, tiny):
                        "FROM lake.rollouts ORDER BY task_id, sample_idx").fetchall()
     assert len({r[0] for r in rows}) == 2 and [r[1] for r in rows] == [0, 1, 2, 0, 1, 2]
     assert all(r[2] and r[3] in ("stop", "length") for r in rows)
+
+
+def test_tasks_the_policys_chat_template_refuses_are_left_out_and_counted(lake_settings, tmp_path):
+    """Gemma's template refuses a system turn and two user turns in a row: those tasks are
+    left out and counted, and the round samples the rest rather than failing."""
+    policy = with_chat_template(init_model(tmp_path / "m"), GEMMA, GEMMA_TOKENS)
+    con = open_lake(lake_settings)
+    add_tasks(con, [(12, 30), (45, 11)])
+    add_tasks(con, [(70, 7)], before=[{"role": "system", "content": "Answer with a number."}])
+    add_tasks(con, [(3, 4)], before=[{"role": "user", "content": "Hi."}])
+    cfg = RolloutConfig(tasks_per_round=8, heldout_fraction=0.0,
+                        engine=EngineConfig(backend="transformers", n=2, max_tokens=3))
+    counts = sample_round(con, policy, "v0", "c1", cfg, 0)
+    assert counts == {"rollouts": 4, "prompts_too_long": 0, "prompts_unrenderable": 2}
+    assert con.execute("SELECT DISTINCT task_id FROM lake.rollouts ORDER BY 1").fetchall() == [
+        ("add-12-30",), ("add-45-11",)]
 
 
 def scored_round(con, cycle_id, round_idx, passed, task_id="add-1-2"):
