@@ -29,7 +29,7 @@ def maintain_command(
         "Delete unreferenced files only once this old. Default: \\[maintenance] file_grace_hours."))] = None,
 ) -> None:
     """Merge small files, write inlined rows out, delete merged-away and orphaned files, the
-    checkpoints of completed cycles, if asked ([maintenance] model_weights_days) old
+    checkpoints of completed cycles, if asked (\\[maintenance] model_weights_days) old
     models' weights, and on a lake in a bucket this machine's copies of the models it holds."""
     from storage.maintenance import maintain_configured_lake
     from tasks.release.retention import drop_configured_copies, drop_configured_weights
@@ -54,7 +54,7 @@ def maintain_command(
                   f"{report.seconds:.1f} s")
     console.print(f"training checkpoints of completed cycles deleted: {dropped.jobs:,} jobs, "
                   f"{dropped.bytes / 2**30:.2f} GiB; weights of old rejected and passed-over models deleted: "
-                  f"{weights.models:,} models, {weights.bytes / 2**30:.2f} GiB ([maintenance] model_weights_days)")
+                  f"{weights.models:,} models, {weights.bytes / 2**30:.2f} GiB (\\[maintenance] model_weights_days)")
     if copies.models:
         console.print(f"copies on this machine of models the bucket holds deleted: {copies.models:,} models, "
                       f"{copies.bytes / 2**30:.2f} GiB")

@@ -68,10 +68,12 @@ def begin_cycle(cycle_id: str) -> str:
 def _begin_cycle(cycle_id: str) -> str:
     con = open_lake(lake_settings())
     try:
-        if con.execute("SELECT count(*) FROM lake.cycles WHERE cycle_id = ?", [cycle_id]).fetchone()[0]:
-            with transaction(con):
-                con.execute("UPDATE lake.cycles SET status = 'running', reason = NULL WHERE cycle_id = ?",
-                            [cycle_id])
+        row = con.execute("SELECT status FROM lake.cycles WHERE cycle_id = ?", [cycle_id]).fetchone()
+        if row is not None:
+            if row[0] != "completed":  # a completed cycle rerun stays completed (_finish_cycle)
+                with transaction(con):
+                    con.execute("UPDATE lake.cycles SET status = 'running', reason = NULL WHERE cycle_id = ?",
+                                [cycle_id])
             return production_version(con)
         with transaction(con, message=f"cycle {cycle_id} started"):
             append_rows(con, "cycles", pa.Table.from_pylist([{
@@ -101,6 +103,14 @@ def _finish_cycle(cycle_id: str, status: str, reason: str | None) -> dict:
         for stage, round_, secs, stage_counts, _ in rows:
             seconds[stage] = seconds.get(stage, 0.0) + secs
             counts[stage if stage not in counts else f"{stage}#{round_}"] = json.loads(stage_counts)
+        done = con.execute("SELECT snapshot_id, reason, epoch(finished_at) FROM lake.cycles "
+                           "WHERE cycle_id = ? AND status = 'completed'", [cycle_id]).fetchone()
+        if done is not None and all(end <= done[2] for *_, end in rows):
+            # A rerun of a completed cycle that ran no stage: the lake as the cycle left it is
+            # still its snapshot (`flywheel sql --snapshot N`), not one after later cycles' work,
+            # and a rerun that fails does not undo a cycle that completed.
+            return {"cycle_id": cycle_id, "status": "completed", "snapshot_id": done[0], "stage_seconds": seconds,
+                    "busy_seconds": busy, "stage_counts": counts, "reason": done[1]}
         with transaction(con, message=f"cycle {cycle_id} {status}"):
             # the snapshot this commit creates is the one the cycle "ended on"
             snapshot = current_snapshot(con) + 1
