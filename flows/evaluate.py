@@ -38,4 +38,4 @@ def evaluate_flow(params: EvaluateParams = EvaluateParams()) -> dict:
     publish_task(evaluation_id, models, applied, params.overrides())
     return {"evaluation_id": evaluation_id, **models, "decision": gate.get("decision"),
             "candidate_scores": scores.get("candidate"), "production_scores": scores.get("production"),
-            "applied": applied}
+            "contaminated": scores.get("contaminated"), "left_out": scores.get("left_out"), "applied": applied}

@@ -88,9 +88,23 @@ def _print_result(console, result: dict) -> None:
         table.add_row(*map(cell, (names.get(r["policy_version"], r["policy_version"]), r["eval_set"], r["items"],
                                   f"{r['pass@1']:.3f}", f"{r['low']:.3f}..{r['high']:.3f}")))
     console.print(table)
+    _print_items_not_scored(console, result)
     decision = result.get("decision") or {}
     verdict = "promote" if decision.get("promoted") else "reject"
     console.print(f"gate: {verdict}: {plain(decision.get('reason', 'no decision'))}", soft_wrap=True)
     applied = result.get("applied")
     console.print("applied to models: " + plain(applied["reason"]) if applied is not None
                   else "not applied (--apply-gate is off): models is unchanged", soft_wrap=True)
+
+
+def _print_items_not_scored(console, result: dict) -> None:
+    """What the table leaves out, so its item counts are not read as the whole set: items
+    a training task copies (contaminated), and items a model could not be asked (a prompt
+    too long for its context, or one its chat template refuses)."""
+    if result.get("contaminated"):
+        console.print(f"{result['contaminated']} contaminated items left out of both (a training task copies "
+                      "them): flywheel sql \"SELECT * FROM evaluations WHERE contaminated\"", soft_wrap=True)
+    for side, reasons in (result.get("left_out") or {}).items():
+        if any(reasons.values()):
+            said = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in sorted(reasons.items()) if n)
+            console.print(f"{side}: items not sampled: {said} (trainer.engine.prompt_problems)", soft_wrap=True)

@@ -129,7 +129,14 @@ def test_the_cli_prints_both_models_per_evaluation_set_and_the_gate(eval_home, r
     from typer.testing import CliRunner
 
     from flows.cli.app import app
+    from tasks.curate.evalsets import register_evalset
 
+    long = eval_home["home"] / "long.jsonl"  # past the tiny model's 512-token context: not sampled, and said so
+    long.write_text(json.dumps({"id": "l1", "domain": "math", "prompt": "What is 1+1? " * 400,
+                                "reference": {"answer": "2"}}) + "\n")
+    con = open_lake(LakeSettings(home=eval_home["home"]))
+    register_evalset(con, "long", long)
+    con.close()
     result = CliRunner().invoke(app, ["evaluate", eval_home["candidate"], "--samples", str(SAMPLES), "--id", "e3"])
     said = " ".join(result.output.split())
     assert result.exit_code == 0, result.output
@@ -137,6 +144,7 @@ def test_the_cli_prints_both_models_per_evaluation_set_and_the_gate(eval_home, r
     for model in ("candidate", "production"):
         assert said.count(f"│ {model} │") == 2 and "arith" in said  # one row per set and one for all
     assert "gate: " in said and "not applied (--apply-gate is off)" in said
+    assert "candidate: items not sampled: 1 too long" in said and "production: items not sampled: 1 too long" in said
     assert _evaluation_rows(eval_home["home"], "e3") == {eval_home["candidate"]: ITEMS * SAMPLES,
                                                          eval_home["production"]: ITEMS * SAMPLES}
 
