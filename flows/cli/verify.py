@@ -1,7 +1,7 @@
 """`flywheel verify IN.jsonl [--out OUT.jsonl]`: re-score completions, e.g. after a verifier fix.
 
 Each input line is {"verifier": ..., "spec": {...}, "completion": "..."} (or "domain"
-instead of "verifier"; an optional "prompt", the task's prompt, which math's hacking
+instead of "verifier"; a spec may be JSON text holding the object, as `tasks.spec` is; an optional "prompt", the task's prompt, which math's hacking
 rules read for the question's numbers; an optional "id" or "rollout_id" is echoed). Each output line is
 that row's verdict (reward, passed, status, components, detail, verifier, latency_ms),
 in input order. A line that is not UTF-8, not a JSON object, or whose "verifier" or
@@ -45,11 +45,23 @@ def parse_line(line: bytes, line_no: int) -> tuple[dict | None, dict | None]:
         reason = f"line {line_no}: not JSON ({error.msg} at column {error.colno})"
     else:
         if isinstance(row, dict):
-            return row, None
+            return _spec_as_object(row), None
         reason = f"line {line_no}: expected a JSON object, got {type(row).__name__}"
     verdict_line = failed("format_error", reason).to_dict()
     verdict_line.update({"verifier": "", "latency_ms": 0.0, "line": line_no})
     return None, verdict_line
+
+
+def _spec_as_object(row: dict) -> dict:
+    """A spec given as the lake stores it (`tasks.spec` is JSON text, and `flywheel sql
+    --format json` exports it so) is read as the object it holds."""
+    spec = row.get("spec")
+    if isinstance(spec, str) and spec.lstrip().startswith("{"):
+        try:
+            return {**row, "spec": json.loads(spec)}
+        except json.JSONDecodeError:
+            pass  # scored as given: the verifier says the spec is no object
+    return row
 
 
 def read_lines(path: Path) -> list[bytes]:

@@ -90,6 +90,19 @@ def test_a_field_of_the_wrong_type_costs_its_line_only(tmp_path):
     assert "domain must be a string, got dict" in lines[2]["detail"]
 
 
+def test_a_spec_exported_from_the_lake_as_json_text_is_read_as_its_object(tmp_path):
+    """`tasks.spec` is JSON text, and `flywheel sql --format json` exports it so: each such
+    row was a format_error, whatever its completion."""
+    path = tmp_path / "in.jsonl"
+    exported = {"verifier": "math", "spec": json.dumps({"answer": "72"})}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [
+        {**exported, "completion": "The answer is 72."}, {**exported, "completion": "The answer is 70."},
+        {**exported, "spec": "{not json", "completion": "72"}]))
+    result = CliRunner().invoke(app, ["verify", str(path)])
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["status"] for line in result.stdout.splitlines()] == ["ok", "wrong", "format_error"]
+
+
 def test_undecodable_bytes_cost_their_line_only(tmp_path):
     path = tmp_path / "in.jsonl"
     good = json.dumps({"verifier": "exact", "spec": {"answer": "Paris"}, "completion": "Paris"}).encode()
