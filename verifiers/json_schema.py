@@ -37,11 +37,6 @@ def _not_json(constant: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_not_json)
 
 
-def find_last_object(text: str) -> dict | None:
-    """The JSON object ending last in `text` (outermost when nested), or None."""
-    return find_last_value(text, arrays=False)
-
-
 def find_last_value(text: str, *, arrays: bool) -> dict | list | None:
     """The JSON object (or, with `arrays`, object or array) ending last in `text`,
     outermost when nested; or None."""

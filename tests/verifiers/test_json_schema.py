@@ -28,8 +28,8 @@ def test_format_is_checked():
 def test_takes_last_outermost_object_with_braces_in_strings():
     text = ('Draft: {"name": "x"}\nFinal:\n```json\n{"name": "a } { b", "email": "a@b.co", '
             '"age": 3}\n```\nDone {not json')
-    assert json_schema.find_last_object(text) == {"name": "a } { b", "email": "a@b.co", "age": 3}
-    assert json_schema.find_last_object('{"a": {"b": {"c": 1}}}') == {"a": {"b": {"c": 1}}}
+    assert json_schema.find_last_value(text, arrays=False) == {"name": "a } { b", "email": "a@b.co", "age": 3}
+    assert json_schema.find_last_value('{"a": {"b": {"c": 1}}}', arrays=False) == {"a": {"b": {"c": 1}}}
     assert json_schema.verify(SPEC, text).passed
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from tests.flows.gateway.upstream_handler import ScriptedUpstream
 
 SLOW_S = 3.0
 
@@ -33,22 +35,8 @@ def chunk(version: str, delta: dict, finish: str | None = None) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
-def handler(version: str) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args) -> None:
-            pass
-
-        def reply(self, data: bytes, content_type: str = "application/json") -> None:
-            self.send_response(200)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            self.reply(json.dumps({"object": "list", "data": [{"id": version, "object": "model"}]}).encode())
+def handler(version: str) -> type[ScriptedUpstream]:
+    class Handler(ScriptedUpstream):
 
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
@@ -87,6 +75,7 @@ def handler(version: str) -> type[BaseHTTPRequestHandler]:
             self.wfile.flush()
             self.close_connection = True
 
+    Handler.version = version
     return Handler
 
 

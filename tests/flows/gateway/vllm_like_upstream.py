@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from tests.flows.gateway.upstream_handler import ScriptedUpstream
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
 THOUGHT = "The user asks for 2+2. Adding gives 4."
@@ -102,22 +104,8 @@ def stream_events(version: str, request: dict) -> list[bytes]:
     return [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
 
 
-def handler(version: str) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args) -> None:
-            pass
-
-        def reply(self, data: bytes, content_type: str = "application/json") -> None:
-            self.send_response(200)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            self.reply(json.dumps({"object": "list", "data": [{"id": version, "object": "model"}]}).encode())
+def handler(version: str) -> type[ScriptedUpstream]:
+    class Handler(ScriptedUpstream):
 
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
@@ -126,6 +114,7 @@ def handler(version: str) -> type[BaseHTTPRequestHandler]:
                 return
             self.reply(b"".join(stream_events(version, request)), "text/event-stream")
 
+    Handler.version = version
     return Handler
 
 
