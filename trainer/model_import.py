@@ -7,7 +7,8 @@ same class built from the config without it. A folder with safetensors weights i
 copied as it is, only the files a loader reads (re-saved only to change the dtype, which
 `auto` keeps, or when it has .bin weights), once their headers show every file whole and shaped as the
 config says (trainer.model_facts.weight_shapes), the config a causal LM with a context
-length.
+length. A PEFT adapter folder is merged into its base (trainer.model_adapter) and
+stored as the plain folder that results.
 
 Deliberately not here: downloading. A hub id or a URL is refused with how to fetch it.
 
@@ -57,7 +58,7 @@ def bundled_gguf(name: str) -> Path:
 
 
 def resolve_source(source: str) -> Path:
-    """A path to a folder or a .gguf file, or the name of a bundled model."""
+    """A path to a model or adapter folder or a .gguf file, or the name of a bundled model."""
     if source in BUNDLED:
         return bundled_gguf(source)
     path = Path(source).expanduser()
@@ -66,11 +67,14 @@ def resolve_source(source: str) -> Path:
     if path.is_dir() and (path / "config.json").exists():
         _check_config_file(path / "config.json")
         return path
+    if path.is_dir() and (path / "adapter_config.json").exists():  # trainer.model_adapter reads it
+        return path
     if not path.exists() and ("://" in source or source.count("/") == 1):
         raise ModelImportError(f"{source}: no such folder, and flywheel does not download models; fetch it "
                                "first (e.g. `huggingface-cli download ID --local-dir DIR`) and import DIR")
-    raise ModelImportError(f"{source}: expected a Hugging Face model folder (with config.json), a .gguf file "
-                       f"or a bundled model name ({', '.join(sorted(BUNDLED))})")
+    raise ModelImportError(f"{source}: expected a Hugging Face model folder (with config.json), a PEFT adapter "
+                           f"folder (with adapter_config.json), a .gguf file or a bundled model name "
+                           f"({', '.join(sorted(BUNDLED))})")
 
 
 def _check_config_file(path: Path) -> None:
@@ -97,23 +101,32 @@ def source_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def convert(source: Path, out_dir: Path, dtype: str = "auto") -> str:
+def convert(source: Path, out_dir: Path, dtype: str = "auto", adapter: Path | None = None) -> str:
     """Write `source` as a plain HF folder (safetensors, tokenizer, chat template) at
-    `out_dir`; the dtype its weights were written in."""
+    `out_dir`; the dtype its weights were written in. With `adapter` (a PEFT folder,
+    trainer.model_adapter), `source` is its base and the folder written is the two merged,
+    with the adapter's tokenizer when it ships one."""
     if dtype not in DTYPES and dtype != "auto":
         raise ModelImportError(f"dtype must be one of {sorted(DTYPES) + ['auto']}, got {dtype!r}")
     from transformers import AutoTokenizer
 
+    from trainer.model_adapter import has_tokenizer
+
     gguf = {"gguf_file": source.name} if source.is_file() else {}
     folder = str(source.parent if source.is_file() else source)
-    with _unreadable_as_import_error(source):
-        tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
-    _check_chat(source, tokenizer)
+    tokenizer_source = adapter if adapter is not None and has_tokenizer(adapter) else source
+    with _unreadable_as_import_error(tokenizer_source):
+        tokenizer = (AutoTokenizer.from_pretrained(folder, **gguf) if tokenizer_source is source
+                     else AutoTokenizer.from_pretrained(str(adapter)))
+    _check_chat(tokenizer_source, tokenizer)
     if not gguf:  # a GGUF is always loaded below, which checks it (reading its config costs seconds)
         _check_folder(source)
     dtype = _dtype_kept(source, gguf) if dtype == "auto" else dtype
+    copy = adapter is None and not gguf and _plain_copy_possible(source, dtype)
     with _unreadable_as_import_error(source):
-        plain = None if not gguf and _plain_copy_possible(source, dtype) else _load_plain(folder, gguf, dtype)
+        plain = None if copy else _load_plain(folder, gguf, "float32" if adapter is not None else dtype)
+    if adapter is not None:
+        plain = _merged(plain, adapter, len(tokenizer), dtype)
     if plain is None:
         _copy_model_files(source, out_dir)
     else:
@@ -233,6 +246,15 @@ def _load_plain(folder: str, gguf: dict, dtype: str):
     plain = type(loaded)(config).to(DTYPES[dtype])
     plain.load_state_dict(loaded.state_dict())
     return plain
+
+
+def _merged(base, adapter: Path, vocab_size: int, dtype: str):
+    """The base with the adapter merged (in float32, as PEFT merges), then stored at `dtype`."""
+    from trainer.model_adapter import merge_adapter
+
+    merged = merge_adapter(base, adapter, vocab_size).to(DTYPES[dtype])
+    merged.config.dtype = dtype
+    return merged
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """`flywheel model import|list|promote`: bring a model, see what exists, the manual override.
 
 `import SOURCE` converts a Hugging Face folder or a `.gguf` file (or `smollm2`, the
-bundled SmolLM2-135M-Instruct) into a plain HF folder in the object store and records
-it with its source, sha256, size, context length and chat template
+bundled SmolLM2-135M-Instruct, or a PEFT adapter merged into its `--base`) into a plain
+HF folder in the object store and records it with its source, sha256, size, context length and chat template
 (tasks.release.models.import_model); `--production` also makes it the production model.
 `list` shows every model with its parent, status, latest pass@1 and the reason of its
 status. `promote VERSION` makes VERSION the production model whatever the gate said
@@ -22,7 +22,8 @@ from storage.lake import LakeError, open_lake
 
 
 def model_import_command(
-    source: Annotated[str, typer.Argument(help="A Hugging Face model folder, a .gguf file, or `smollm2`.")],
+    source: Annotated[str, typer.Argument(help=(
+        "A Hugging Face model folder, a .gguf file, `smollm2`, or a PEFT adapter folder (merged into --base)."))],
     # The choices are trainer.model_import.DTYPES, torch dtypes: listing them here would
     # import torch for every `flywheel` command, so the refusal of a wrong one lists them.
     dtype: Annotated[str, typer.Option(help="Weights' dtype in the stored folder; auto keeps a folder's own "
@@ -31,9 +32,12 @@ def model_import_command(
     = "auto",
     production: Annotated[bool, typer.Option("--production", help="Also make it the production model.")]
     = False,
+    base: Annotated[str | None, typer.Option(help=(
+        "For an adapter: the model it was trained on (a folder, a .gguf file, `smollm2`, or a version from "
+        "`flywheel model list`); default: the folder its adapter_config.json names."))] = None,
 ) -> None:
     """Convert and store a model, record it in `models` (status imported, or production)."""
-    from tasks.release.models import ModelFolderError, import_model
+    from tasks.release.models import ModelFolderError, ModelNotFound, import_model
     from tasks.release.promote import ModelError, promote
     from trainer.model_import import ModelImportError
 
@@ -41,14 +45,14 @@ def model_import_command(
     try:
         con = open_lake(lake_settings())
         try:
-            version, new = import_model(con, lake_settings(), source, dtype)
+            version, new = import_model(con, lake_settings(), source, dtype, base=base)
             if production:
                 promote(con, version, f"imported from {source}", manual=True)
             row = con.execute("SELECT status, parameters, context_length, uri FROM lake.models "
                               "WHERE policy_version = ?", [version]).fetchone()
         finally:
             con.close()
-    except (ModelImportError, ModelFolderError, ModelError, OSError) as exc:
+    except (ModelImportError, ModelFolderError, ModelError, ModelNotFound, OSError) as exc:
         print_error(console, exc)
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:

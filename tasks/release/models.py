@@ -135,18 +135,25 @@ def register_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model
 
 
 def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source: str, dtype: str,
-                 cycle_id: str = "setup") -> tuple[str, bool]:
-    """Convert `source` (HF folder, .gguf file or bundled name; trainer.model_import) into
-    FLYWHEEL_HOME/models/<version>, store it, and record it with status `imported`.
-    Returns (version, new); importing the same weights again changes nothing (but puts back
-    their stored folder if it was deleted)."""
-    from trainer.model_import import convert, resolve_source, source_digest
+                 cycle_id: str = "setup", base: str | None = None) -> tuple[str, bool]:
+    """Convert `source` (HF folder, .gguf file, bundled name, or a PEFT adapter folder merged
+    into `base`; trainer.model_import) into FLYWHEEL_HOME/models/<version>, store it, and
+    record it with status `imported`. Returns (version, new); importing the same weights
+    again changes nothing (but puts back their stored folder if it was deleted)."""
+    from trainer.model_adapter import is_adapter
+    from trainer.model_import import ModelImportError, convert, resolve_source, source_digest
 
     path = resolve_source(source)
+    adapter, parent = None, None
+    if is_adapter(path):
+        adapter = path
+        path, parent = adapter_base(con, settings, adapter, base)
+    elif base is not None:
+        raise ModelImportError(f"--base names the model a PEFT adapter was trained on; {source} is a whole model")
     staging = settings.home / "models" / f".import-{uuid.uuid4().hex[:12]}"
     staging.parent.mkdir(parents=True, exist_ok=True)
     try:
-        dtype = convert(path, staging, dtype)
+        dtype = convert(path, staging, dtype, adapter)
         version = folder_version(staging)
         final = settings.home / "models" / version
         known = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()
@@ -159,13 +166,43 @@ def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source:
         _put_in_place(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    origin = (adapter or path).resolve()
+    # An adapter's model is two sources: its digest is of both (the adapter's, then the base's).
+    digest = source_digest(path) if adapter is None else hashlib.sha256(
+        (source_digest(adapter) + source_digest(path)).encode()).hexdigest()
+    reason = f"imported from {path.name} as {dtype}" if adapter is None else \
+        f"imported from adapter {adapter.name} merged into {parent or path.name} as {dtype}"
     try:
-        record_model(con, settings, final, version, "imported", f"imported from {path.name} as {dtype}",
-                     str(path.resolve()), source_digest(path), cycle_id)
+        record_model(con, settings, final, version, "imported", reason, str(origin), digest, cycle_id, parent)
     except BaseException:  # not recorded, so no one uses it: a folder left here would look imported
         shutil.rmtree(final, ignore_errors=True)
         raise
     return version, True
+
+
+def adapter_base(con: duckdb.DuckDBPyConnection, settings: LakeSettings, adapter: Path,
+                 base: str | None) -> tuple[Path, str | None]:
+    """The model `adapter` merges into, and its version when it is a model of the lake:
+    `base` (a lake version, a folder, a .gguf file or a bundled name), else the folder the
+    adapter's config names. A hub id is refused: flywheel downloads nothing."""
+    from trainer.model_adapter import adapter_base_name, is_adapter
+    from trainer.model_import import ModelImportError, resolve_source
+
+    named = adapter_base_name(adapter)  # reads its config: a broken one is said before a base loads
+    name = base or named
+    where = ("name its base with --base: a folder, a .gguf file, `smollm2`, or a version from "
+             "`flywheel model list`")
+    if name is None:
+        raise ModelImportError(f"{adapter}: its adapter_config.json names no base model; {where}")
+    if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [name]).fetchone()[0]:
+        return local_model_dir(settings, con, name), name
+    if base is None and not Path(name).expanduser().is_dir():
+        raise ModelImportError(f"{adapter}: a PEFT adapter of {name!r}, which is no folder here, and flywheel "
+                               f"does not download models; {where}")
+    path = resolve_source(name)
+    if is_adapter(path):
+        raise ModelImportError(f"{name}: the base must be a whole model, not another adapter")
+    return path, None
 
 
 def _put_in_place(staging: Path, final: Path) -> None:
@@ -177,7 +214,8 @@ def _put_in_place(staging: Path, final: Path) -> None:
 
 
 def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_dir: Path, version: str,
-                 status: str, reason: str, source: str, sha256: str, cycle_id: str) -> None:
+                 status: str, reason: str, source: str, sha256: str, cycle_id: str,
+                 parent: str | None = None) -> None:
     """Store the folder (the bucket when the lake is on S3) and append its `models` row,
     with what the model says about itself (trainer.model_facts)."""
     from trainer.model_facts import read_facts
@@ -191,7 +229,7 @@ def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_d
         if status == "production":
             retire_production(con, version, f"manual: superseded by {version}: {reason}")
         append_rows(con, "models", pa.Table.from_pylist([{
-            "policy_version": version, "parent_version": None, "uri": uri, "status": status,
+            "policy_version": version, "parent_version": parent, "uri": uri, "status": status,
             "reason": reason, "created_at": datetime.now(timezone.utc), "cycle_id": cycle_id,
             "source": source, "sha256": sha256, "parameters": facts.parameters,
             "context_length": facts.context_length, "chat_template": facts.chat_template}],
