@@ -20,7 +20,8 @@ from flows.cli.show import cell, plain, print_error, rich_console
 
 def evaluate_command(
     version: Annotated[str | None, typer.Argument(
-        help="The model to compare with production; default: the newest candidate.")] = None,
+        help="The model to compare with production (its version, or the first 6 or more characters of it); "
+             "default: the newest candidate.")] = None,
     samples: Annotated[int | None, typer.Option(min=1, max=64, help=(
         "Samples per evaluation item. Default: \\[cycle.evaluate.engine] n."))] = None,
     apply_gate: Annotated[bool, typer.Option("--apply-gate", help=(
@@ -30,7 +31,7 @@ def evaluate_command(
 ) -> None:
     """Evaluate VERSION against production on every registered evaluation set; the gate decides."""
     console = rich_console()
-    problem = _before_sampling(version)
+    version, problem = _before_sampling(version)
     if problem:
         print_error(console, problem[0])
         raise typer.Exit(problem[1])
@@ -42,9 +43,10 @@ def evaluate_command(
     _print_result(console, result)
 
 
-def _before_sampling(version: str | None) -> tuple[str, int] | None:
-    """Why the evaluation cannot start and the exit code (2: the setup, 1: the lake's
-    content), said before Prefect and the engines start."""
+def _before_sampling(version: str | None) -> tuple[str | None, tuple[str, int] | None]:
+    """VERSION as the lake knows it (a prefix made whole), and why the evaluation cannot
+    start with the exit code (2: the setup, 1: the lake's content), said before Prefect and
+    the engines start."""
     from storage.config_file import ConfigError, lake_settings
     from storage.lake import LakeError, open_lake
     from tasks.cycle.config import cycle_config
@@ -54,17 +56,18 @@ def _before_sampling(version: str | None) -> tuple[str, int] | None:
         cycle_config()  # a bad [cycle.evaluate] would otherwise fail the flow's first stage
         con = open_lake(lake_settings(), read_only=True)
     except (ConfigError, LakeError) as exc:
-        return str(exc), 2
+        return version, (str(exc), 2)
     try:
-        pick_models(con, version)
+        picked = pick_models(con, version)  # the newest candidate when VERSION is left out
+        version = version and picked["candidate"]
         if not con.execute("SELECT count(*) FROM lake.eval_items").fetchone()[0]:
-            return ("no evaluation set is registered: `flywheel evalset add NAME FILE` registers one "
-                    "(HumanEval, MBPP and GSM8K files are read as published)"), 1
+            return version, ("no evaluation set is registered: `flywheel evalset add NAME FILE` registers one "
+                             "(HumanEval, MBPP and GSM8K files are read as published)", 1)
     except (ModelNotFound, ValueError) as exc:
-        return str(exc), 1
+        return version, (str(exc), 1)
     finally:
         con.close()
-    return None
+    return version, None
 
 
 def _print_result(console, result: dict) -> None:

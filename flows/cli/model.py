@@ -92,10 +92,12 @@ def model_list_command() -> None:
 
 
 def model_promote_command(
-    version: Annotated[str, typer.Argument(help="The policy_version to make production.")],
+    version: Annotated[str, typer.Argument(help=(
+        "The policy_version to make production, or its first 6 or more characters."))],
     reason: Annotated[str, typer.Option("--reason", help="Why; stored with the model.")] = "no reason given",
 ) -> None:
     """Make VERSION the production model by hand (override or rollback), recorded as manual."""
+    from tasks.release.models import ModelNotFound, resolve_version
     from tasks.release.promote import ModelError, promote
 
     console = rich_console()
@@ -106,10 +108,11 @@ def model_promote_command(
     try:
         con = open_lake(lake_settings())
         try:
+            version = resolve_version(con, version)
             result = promote(con, version, reason, manual=True)
         finally:
             con.close()
-    except ModelError as exc:
+    except (ModelError, ModelNotFound) as exc:
         print_error(console, exc)
         raise typer.Exit(1) from None
     except (ConfigError, LakeError, duckdb.Error) as exc:

@@ -68,6 +68,35 @@ def weights_deleted(version: str, when) -> str:
             "([maintenance] model_weights_days): its rows stay, it cannot be loaded")
 
 
+SHORTEST_PREFIX = 6  # as short as a version may be typed; git's own abbreviations are 7
+
+
+def find_version(con: duckdb.DuckDBPyConnection, text: str) -> str | None:
+    """The model version `text` names, as a person types it: the whole version or, as git
+    takes a short hash, a prefix of at least SHORTEST_PREFIX characters that starts exactly
+    one version (messages and reasons show the first 12). None when none matches; a prefix
+    several versions start with is a ModelNotFound naming them, never a guess."""
+    text = text.strip()
+    if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [text]).fetchone()[0]:
+        return text
+    if len(text) < SHORTEST_PREFIX:
+        return None
+    matches = [r[0] for r in con.execute("SELECT DISTINCT policy_version FROM lake.models "
+                                         "WHERE starts_with(policy_version, ?) ORDER BY 1", [text]).fetchall()]
+    if len(matches) > 1:
+        shown = ", ".join(m[:16] for m in matches[:3]) + (", ..." if len(matches) > 3 else "")
+        raise ModelNotFound(f"{text!r} starts {len(matches)} model versions ({shown}); give more of it")
+    return matches[0] if matches else None
+
+
+def resolve_version(con: duckdb.DuckDBPyConnection, text: str) -> str:
+    """find_version, or ModelNotFound saying where the versions are."""
+    version = find_version(con, text)
+    if version is None:
+        raise ModelNotFound(f"no model {text!r} in the lake (`flywheel model list` shows them)")
+    return version
+
+
 def production_version(con: duckdb.DuckDBPyConnection) -> str:
     row = con.execute("SELECT policy_version FROM lake.models WHERE status = 'production' "
                       "ORDER BY created_at DESC LIMIT 1").fetchone()
@@ -194,8 +223,9 @@ def adapter_base(con: duckdb.DuckDBPyConnection, settings: LakeSettings, adapter
              "`flywheel model list`")
     if name is None:
         raise ModelImportError(f"{adapter}: its adapter_config.json names no base model; {where}")
-    if con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [name]).fetchone()[0]:
-        return local_model_dir(settings, con, name), name
+    version = None if Path(name).expanduser().exists() else find_version(con, name)
+    if version is not None:
+        return local_model_dir(settings, con, version), version
     if base is None and not Path(name).expanduser().is_dir():
         raise ModelImportError(f"{adapter}: a PEFT adapter of {name!r}, which is no folder here, and flywheel "
                                f"does not download models; {where}")
@@ -237,13 +267,11 @@ def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_d
 
 
 def pick_models(con: duckdb.DuckDBPyConnection, policy_version: str | None) -> dict:
-    """The model an on-demand evaluation judges (default: the newest candidate) and the
-    production model it is compared with; a model that is not there, or is production
-    itself, is an error that says so."""
+    """The model an on-demand evaluation judges (default: the newest candidate; a version or
+    a prefix of one, resolve_version) and the production model it is compared with; a
+    model that is not there, or is production itself, is an error that says so."""
     production = production_version(con)
-    candidate = policy_version or newest_candidate(con)
-    if not con.execute("SELECT count(*) FROM lake.models WHERE policy_version = ?", [candidate]).fetchone()[0]:
-        raise ModelNotFound(f"no model {candidate!r} in the lake (`flywheel model list` shows them)")
+    candidate = resolve_version(con, policy_version) if policy_version else newest_candidate(con)
     if candidate == production:
         raise ValueError(f"{candidate} is the production model: there is nothing to compare it with")
     return {"candidate": candidate, "production": production}

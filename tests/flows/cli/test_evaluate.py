@@ -47,6 +47,8 @@ def test_production_itself_an_unknown_model_or_a_bad_config_is_one_line_before_s
     assert runner.invoke(app, ["evalset", "add", "gsm8k", str(evalset)]).exit_code == 0
     itself = runner.invoke(app, ["evaluate", home["production"]])
     assert itself.exit_code == 1 and "is the production model: there is nothing to compare" in _said(itself)
+    by_prefix = runner.invoke(app, ["evaluate", home["production"][:12]])  # as reasons show versions
+    assert f"{home['production']} is the production model" in _said(by_prefix)
     unknown = runner.invoke(app, ["evaluate", "nope"])
     assert unknown.exit_code == 1 and "no model 'nope' in the lake" in _said(unknown)
     config = home["tmp"] / "flywheel.toml"

@@ -72,3 +72,27 @@ def test_import_of_a_folder_models_refuses_is_one_line(tmp_path, monkeypatch):
     result = runner.invoke(app, ["model", "import", str(init_model(tmp_path / "tiny"))])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
     assert "is not a model flywheel can use" in " ".join(result.output.split())
+
+
+def test_a_version_is_taken_by_a_unique_prefix_as_messages_show_it(tmp_path, monkeypatch):
+    """Reasons and commit messages show a version's first 12 characters: promote takes
+    those (6 or more), and a prefix two versions share is refused, never guessed."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    con = open_lake(LakeSettings(home=home))
+    versions = ["a1b2c3d4" + "0" * 56, "a1b2c3ff" + "1" * 56, "9f8e7d6c" + "2" * 56]
+    rows = [{"policy_version": v, "uri": v, "status": s, "created_at": datetime(2026, 12, 1, h, tzinfo=timezone.utc),
+             "cycle_id": "c"} for h, (v, s) in enumerate(zip(versions, ["production", "rejected", "rejected"]))]
+    with transaction(con):
+        append_rows(con, "models", pa.Table.from_pylist(rows, schema=SCHEMAS["models"]))
+    con.close()
+    done = runner.invoke(app, ["model", "promote", "9f8e7d6c2222", "--reason", "rollback"])
+    assert done.exit_code == 0 and f"{versions[2]} is now the production model" in " ".join(done.output.split())
+    shared = runner.invoke(app, ["model", "promote", "a1b2c3", "--reason", "x"])
+    said = " ".join(shared.output.split())
+    assert shared.exit_code == 1 and "'a1b2c3' starts 2 model versions (a1b2c3d400000000, a1b2c3ff11111111)" in said
+    short = runner.invoke(app, ["model", "promote", "9f8e7", "--reason", "x"])  # 5 characters: too few to trust
+    assert short.exit_code == 1 and "no model '9f8e7' in the lake" in short.output
+    con = open_lake(LakeSettings(home=home), read_only=True)
+    assert con.execute("SELECT policy_version FROM lake.models WHERE status = 'production'").fetchall() == [
+        (versions[2],)]
