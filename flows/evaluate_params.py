@@ -10,7 +10,9 @@ class EvaluateParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     policy_version: str | None = Field(
-        None, min_length=1, max_length=200, description="The model to evaluate; default: the newest candidate.")
+        None, min_length=1, max_length=200, description=(
+            "The model to evaluate (a version or a prefix of 6+ characters); default: the newest candidate. "
+            "The production model's version scores production alone (a baseline, no gate)."))
     evaluation_id: str | None = Field(
         None, min_length=1, max_length=200,
         description="Reuse to get a finished evaluation back instead of running it again; default: a new id.")
@@ -19,6 +21,8 @@ class EvaluateParams(BaseModel):
     apply_gate: bool = Field(False, description="Promote or reject the model as the gate decides, "
                                                 "as a cycle would; default: only report.")
 
-    def overrides(self) -> dict[str, int]:
-        """The [cycle] settings this run overrides, by path."""
-        return {} if self.eval_samples is None else {"evaluate.engine.n": self.eval_samples}
+    def overrides(self) -> dict[str, int | bool]:
+        """The [cycle] settings this run overrides, by path. Asked for by name, production
+        is scored alone (a cycle that trained nothing skips it unless configured to)."""
+        samples = {} if self.eval_samples is None else {"evaluate.engine.n": self.eval_samples}
+        return {"evaluate.production_alone": True, **samples}

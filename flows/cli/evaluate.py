@@ -3,9 +3,11 @@
 The on-demand `evaluate` flow (flows/evaluate.py) run as `flywheel cycle` runs a cycle:
 Prefect runs it without a server (a server's UI shows it when PREFECT_API_URL names
 one). It prints pass@1 with its interval per evaluation set for both models and the
-gate's decision, which changes `models` only with `--apply-gate`. What is wrong before
-sampling starts (a bad flywheel.toml, no production model, no evaluation set, an unknown
-or production VERSION) is one line, not a failed run.
+gate's decision, which changes `models` only with `--apply-gate`. VERSION naming the
+production model scores it alone: the baseline a new model gets before any cycle, with
+no gate. What is wrong before sampling starts (a bad flywheel.toml, no production model,
+no evaluation set, an unknown VERSION, --apply-gate with production alone) is one line,
+not a failed run.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from flows.cli.show import cell, plain, print_error, rich_console
 def evaluate_command(
     version: Annotated[str | None, typer.Argument(
         help="The model to compare with production (its version, or the first 6 or more characters of it); "
-             "default: the newest candidate.")] = None,
+             "default: the newest candidate. Production's own version scores it alone (a baseline).")] = None,
     samples: Annotated[int | None, typer.Option(min=1, max=64, help=(
         "Samples per evaluation item. Default: \\[cycle.evaluate.engine] n."))] = None,
     apply_gate: Annotated[bool, typer.Option("--apply-gate", help=(
@@ -31,7 +33,7 @@ def evaluate_command(
 ) -> None:
     """Evaluate VERSION against production on every registered evaluation set; the gate decides."""
     console = rich_console()
-    version, problem = _before_sampling(version)
+    version, problem = _before_sampling(version, apply_gate)
     if problem:
         print_error(console, problem[0])
         raise typer.Exit(problem[1])
@@ -43,7 +45,7 @@ def evaluate_command(
     _print_result(console, result)
 
 
-def _before_sampling(version: str | None) -> tuple[str | None, tuple[str, int] | None]:
+def _before_sampling(version: str | None, apply_gate: bool) -> tuple[str | None, tuple[str, int] | None]:
     """VERSION as the lake knows it (a prefix made whole), and why the evaluation cannot
     start with the exit code (2: the setup, 1: the lake's content), said before Prefect and
     the engines start."""
@@ -60,6 +62,9 @@ def _before_sampling(version: str | None) -> tuple[str | None, tuple[str, int] |
     try:
         picked = pick_models(con, version)  # the newest candidate when VERSION is left out
         version = version and picked["candidate"]
+        if apply_gate and picked["candidate"] == picked["production"]:
+            return version, (f"--apply-gate has nothing to apply: {version} is the production model, scored "
+                             "alone (no gate); leave --apply-gate out for its baseline", 2)
         if not con.execute("SELECT count(*) FROM lake.eval_items").fetchone()[0]:
             return version, ("no evaluation set is registered: `flywheel evalset add NAME FILE` registers one "
                              "(HumanEval, MBPP and GSM8K files are read as published)", 1)
@@ -81,8 +86,10 @@ def _print_result(console, result: dict) -> None:
         rows = evaluation_table(con, result["evaluation_id"], GateConfig())
     finally:
         con.close()
-    console.print(f"evaluation {plain(result['evaluation_id'])}: candidate {plain(result['candidate'])} "
-                  f"against production {plain(result['production'])}", soft_wrap=True)
+    alone = result["candidate"] == result["production"]
+    console.print(f"evaluation {plain(result['evaluation_id'])}: " + (
+        f"production {plain(result['production'])} alone (a baseline)" if alone else
+        f"candidate {plain(result['candidate'])} against production {plain(result['production'])}"), soft_wrap=True)
     names = {result["candidate"]: "candidate", result["production"]: "production"}
     table = Table(title="pass@1 on clean items, with its interval")
     for name in ("model", "evaluation set", "items", "pass@1", "interval"):
@@ -92,6 +99,9 @@ def _print_result(console, result: dict) -> None:
                                   f"{r['pass@1']:.3f}", f"{r['low']:.3f}..{r['high']:.3f}")))
     console.print(table)
     _print_items_not_scored(console, result)
+    if alone:
+        console.print("gate: no comparison (production alone); models is unchanged", soft_wrap=True)
+        return
     decision = result.get("decision") or {}
     verdict = "promote" if decision.get("promoted") else "reject"
     console.print(f"gate: {verdict}: {plain(decision.get('reason', 'no decision'))}", soft_wrap=True)

@@ -73,6 +73,10 @@ class EvalConfig:
     reuse: take a registered item's rows from this policy's earlier evaluation under the
         same settings instead of sampling it again (tasks.release.reuse): about half the
         sampling of an evaluation, for a more conservative gate; off by default.
+    production_alone: when there is no candidate (the policy is production itself: a
+        cycle that trained nothing, or `flywheel evaluate PRODUCTION`), score production
+        alone, a baseline with nothing for the gate to compare; off in cycles by default
+        (their evaluation is then skipped), on in the on-demand flow.
     """
 
     engine: engine.EngineConfig = field(default_factory=lambda: engine.EngineConfig(n=8, max_tokens=32))
@@ -87,10 +91,12 @@ class EvalConfig:
     confidence: float = 0.95
     seed: int = 0
     reuse: bool = False
+    production_alone: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.reuse, bool):
-            raise ValueError(f"reuse must be true or false, got {self.reuse!r}")
+        for name in ("reuse", "production_alone"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not 1 <= self.k <= self.engine.n:
             raise ValueError(f"k must be in [1, engine.n={self.engine.n}] (pass@k needs k samples), got {self.k}")
         if not 0.0 <= self.heldout_fraction < 1.0:
@@ -363,7 +369,7 @@ def run(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, key: StageKey) -> dict:
     evaluation set; production is checked for contamination by the candidate's training
     tasks too, so both headlines stand on the same clean items."""
     if key.policy == key.production:
-        return {"evaluated": False}
+        return evaluate_production_alone(con, cfg, key) if cfg.production_alone else {"evaluated": False}
     settings = lake_settings()
     cand, prod = evaluate_policies(con, [
         Policy(str(local_model_dir(settings, con, key.policy)), key.policy),
@@ -372,3 +378,12 @@ def run(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, key: StageKey) -> dict:
     return {"evaluated": True, "candidate": cand.headline, "production": prod.headline,
             "contaminated": len(cand.contaminated), "reused_items": cand.reused + prod.reused,
             "left_out": {"candidate": cand.left_out, "production": prod.left_out}}
+
+
+def evaluate_production_alone(con: duckdb.DuckDBPyConnection, cfg: EvalConfig, key: StageKey) -> dict:
+    """Production on every evaluation set with no candidate beside it (EvalConfig.production_alone),
+    checked for contamination by its own lineage's training tasks."""
+    (prod,) = evaluate_policies(con, [Policy(str(local_model_dir(lake_settings(), con, key.production)),
+                                             key.production)], cfg, key.cycle_id)
+    return {"evaluated": True, "production": prod.headline, "contaminated": len(prod.contaminated),
+            "reused_items": prod.reused, "left_out": {"production": prod.left_out}}

@@ -141,7 +141,8 @@ def newest_candidate(con: duckdb.DuckDBPyConnection) -> str:
                       "ORDER BY created_at DESC, policy_version LIMIT 1").fetchone()
     if row is None:
         raise ModelNotFound("no candidate model: every trained model was promoted or rejected; "
-                            "name one with policy_version (`flywheel model list` shows them)")
+                            "name one with policy_version (`flywheel model list` shows them), or name "
+                            "production to score it alone")
     return row[0]
 
 
@@ -269,9 +270,8 @@ def record_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, model_d
 def pick_models(con: duckdb.DuckDBPyConnection, policy_version: str | None) -> dict:
     """The model an on-demand evaluation judges (default: the newest candidate; a version or
     a prefix of one, resolve_version) and the production model it is compared with; a
-    model that is not there, or is production itself, is an error that says so."""
+    model that is not there is an error that says so. Production itself is its own
+    candidate: scored alone (tasks.release.evaluate.EvalConfig.production_alone)."""
     production = production_version(con)
     candidate = resolve_version(con, policy_version) if policy_version else newest_candidate(con)
-    if candidate == production:
-        raise ValueError(f"{candidate} is the production model: there is nothing to compare it with")
     return {"candidate": candidate, "production": production}

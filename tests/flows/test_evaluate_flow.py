@@ -115,12 +115,26 @@ def test_scores_the_newest_candidate_against_production_and_changes_nothing(eval
                                                          eval_home["production"]: ITEMS * SAMPLES}
 
 
-def test_production_itself_or_an_unknown_model_is_refused(eval_home, run_in):
+def test_production_by_name_is_scored_alone_and_an_unknown_model_refused(eval_home, run_in):
+    """The baseline a model gets before any cycle: production on every set, no gate."""
+    from typer.testing import CliRunner
+
+    from flows.cli.app import app
     from flows.evaluate import EvaluateParams, evaluate_flow
     from tasks.release.models import ModelNotFound
 
-    with pytest.raises(ValueError, match="is the production model"):
-        evaluate_flow(EvaluateParams(policy_version=eval_home["production"]))
+    before = _statuses(eval_home["home"])
+    result = evaluate_flow(EvaluateParams(policy_version=eval_home["production"][:12], evaluation_id="e-base",
+                                          eval_samples=SAMPLES))
+    assert result["candidate"] == result["production"] == eval_home["production"]
+    assert result["decision"] is None and result["production_scores"]["items"] == ITEMS
+    assert _evaluation_rows(eval_home["home"], "e-base") == {eval_home["production"]: ITEMS * SAMPLES}
+    assert _statuses(eval_home["home"]) == before
+    shown = CliRunner().invoke(app, ["evaluate", eval_home["production"], "--id", "e-base"])  # the recorded run
+    said = " ".join(shown.output.split())
+    assert shown.exit_code == 0 and f"production {eval_home['production']} alone (a baseline)" in said, shown.output
+    assert said.count("│ production │") == 2 and "candidate" not in said.replace("candidate model", "")
+    assert "gate: no comparison (production alone); models is unchanged" in said
     with pytest.raises(ModelNotFound, match="no model 'nope'"):
         evaluate_flow(EvaluateParams(policy_version="nope"))
 

@@ -45,10 +45,9 @@ def test_production_itself_an_unknown_model_or_a_bad_config_is_one_line_before_s
     evalset = home["tmp"] / "set.jsonl"
     evalset.write_text(json.dumps({"question": "What is 2 + 2?", "answer": "2 + 2 = <<2+2=4>>4\n#### 4"}) + "\n")
     assert runner.invoke(app, ["evalset", "add", "gsm8k", str(evalset)]).exit_code == 0
-    itself = runner.invoke(app, ["evaluate", home["production"]])
-    assert itself.exit_code == 1 and "is the production model: there is nothing to compare" in _said(itself)
-    by_prefix = runner.invoke(app, ["evaluate", home["production"][:12]])  # as reasons show versions
-    assert f"{home['production']} is the production model" in _said(by_prefix)
+    itself = runner.invoke(app, ["evaluate", home["production"][:12], "--apply-gate"])  # a prefix, as reasons show it
+    assert itself.exit_code == 2 and (f"--apply-gate has nothing to apply: {home['production']} is the production "
+                                      "model, scored alone") in _said(itself)
     unknown = runner.invoke(app, ["evaluate", "nope"])
     assert unknown.exit_code == 1 and "no model 'nope' in the lake" in _said(unknown)
     config = home["tmp"] / "flywheel.toml"
