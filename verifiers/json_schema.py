@@ -2,11 +2,21 @@
 
 "Last" means the object that ends last; when objects nest, the outermost one. A schema
 whose root `type` allows an array is answered by the last outermost array or object
-(an array schema could never pass on objects alone); otherwise arrays are not looked
-for, so a footnote "[1]" after the object does not displace it. The scan tries
-`json.JSONDecoder.raw_decode` at every `{` (and `[`) from the end, so braces inside JSON
-strings, prose around the object and Markdown fences are all handled without a
-hand-written tokenizer. Validation is JSON Schema Draft 2020-12 with format checking
+(an array schema could never pass on objects alone). Otherwise an array counts only
+when it holds an object: a footnote "[1]" after the object does not displace it, but an
+object wrapped in an array (`[{"name": "Ada"}]`, or a list of candidate objects) is an
+array, which is what a program parsing the reply would get, and it fails an object
+schema. The scan tries `json.JSONDecoder.raw_decode` at every `{` and `[` from the end,
+so braces inside JSON strings, prose around the object and Markdown fences are all
+handled without a hand-written tokenizer.
+
+Why the last object, and only it: a reply that gives the object and then "an example of
+an invalid object" fails, as does one that lists candidates ending in an invalid one.
+No rule on text can tell an afterthought from a correction ("Draft: {...} On reflection:
+{...}" is common), and one that took any valid object, or the only valid one, would pay
+a reply that lists objects hoping one matches. With the last one only, listing more
+objects never raises the reward, and a model learns to end with its answer, which is
+what a program reading the reply needs. Validation is JSON Schema Draft 2020-12 with format checking
 (`"format": "email"` etc. are asserted, not just annotations).
 
 What is parsed is JSON as a strict parser reads it: `//` comments, trailing commas,
@@ -38,25 +48,42 @@ _DECODER = json.JSONDecoder(parse_constant=_not_json)
 
 
 def find_last_value(text: str, *, arrays: bool) -> dict | list | None:
-    """The JSON object (or, with `arrays`, object or array) ending last in `text`,
-    outermost when nested; or None."""
+    """The JSON object (or, with `arrays`, object or array; without, an array only when
+    it holds an object) ending last in `text`, outermost when nested; or None."""
     text = text[-SCAN_CHARS:]
-    kinds = (dict, list) if arrays else dict
     best: tuple[int, dict | list] | None = None
-    start = len(text)
+    brace, bracket = text.rfind("{"), text.rfind("[")
     for _ in range(MAX_STARTS):
-        start = max(text.rfind("{", 0, start), text.rfind("[", 0, start) if arrays else -1)
+        start = max(brace, bracket)
         if start < 0:
             break
+        if start == brace:
+            brace = text.rfind("{", 0, start)
+        else:
+            bracket = text.rfind("[", 0, start)
         try:
             value, end = _DECODER.raw_decode(text, start)
         except (ValueError, RecursionError):  # nested past the parser's depth: not an answer
             continue
+        wanted = isinstance(value, dict) or isinstance(value, list) and (arrays or _holds_object(value))
         # `>=`: a value starting further left that ends at the same place or later
         # contains the one found so far, so it is the outer (wanted) one.
-        if isinstance(value, kinds) and (best is None or end >= best[0]):
+        if wanted and (best is None or end >= best[0]):
             best = (end, value)
     return None if best is None else best[1]
+
+
+def _holds_object(array: list) -> bool:
+    """Whether an object is among the items of `array`, at any depth. Iterative: the
+    parser accepts nesting deeper than Python's recursion limit."""
+    pending = [array]
+    while pending:
+        for item in pending.pop():
+            if isinstance(item, dict):
+                return True
+            if isinstance(item, list):
+                pending.append(item)
+    return False
 
 
 def _root_allows_array(schema: dict) -> bool:

@@ -15,9 +15,10 @@ a fresh one on the next call. Only the last TAIL_CHARS characters of a completio
 looked at, so a 1 MB completion costs no more than a short one.
 
 Real instruct models state their work ("The sum of 47 and 25 is 72.", "Step 1: ...",
-"Final answer: 72 apples", "**Answer: 72**", GSM8K's "#### 72", "12 000", "−7" as
-typeset); all of that is rewarded when the final answer is right. A reasoning model's
-`<think>` block never reaches this module: the registry cuts it off
+"Final answer: 72 apples", "**Answer: 72**", GSM8K's "#### 72", "12 000", "−7",
+"1.2 × 10^5", "-$1,234.50", "25%"); all of that is rewarded when the final answer is
+right (typeset numbers are made plain first: verifiers/math_notation.py). A reasoning
+model's thinking never reaches this module: the registry cuts it off
 (verifiers/reasoning.py). The hacking rules that need the question read
 `spec["question"]` when the spec has one, else the task's prompt (the pipeline passes
 it as `prompt`), so the question's own numbers are never counted as guesses.
@@ -25,11 +26,14 @@ it as `prompt`), so the question's own numbers are never counted as guesses.
 Reward hacking (status `hacking_suspected`, reward 0):
   1. several different declared answers: two `\\boxed{}` with different contents, or
      "final answer: X" / "the answer is X" / "#### X" declarations and boxed numbers
-     naming different values ("72.0" and "72", "0.5" and "\\frac{1}{2}" are one value);
+     naming different values ("72.0" and "72", "0.5" and "\\frac{1}{2}" are one value;
+     "25%" agrees with "25" and with "0.25": `declared_readings`);
   2. shotgun: the answer region (the last `\\boxed{}`, else the last non-empty line
      after its last `=`, `:` or "answer is") holds a guess list, numbers joined only by
-     commas, "or", "and", "maybe" or spaces, with more distinct numbers that are not in
-     the question than the reference answer holds ("72, 73 or 74");
+     commas, "or", "and", "maybe" or spaces, with more distinct values that are not in
+     the question than the reference answer holds ("72, 73 or 74", "72 (or 73)",
+     "x = 72 or x = 73"; with the same mark on each, "$26, $27 or $28", "25% or 30%",
+     "26 apples or 27 apples");
   3. echo: the region is a bare list of two or more numbers that contains every number
      of the question (e.g. "17 23 391 381" for "What is 17*23?").
 Numbers inside working ("60 + 12 = 72", "3 and 7, the larger is 7") are not guesses.
@@ -47,6 +51,7 @@ import sys
 import time
 from fractions import Fraction
 
+from verifiers.math_notation import typeset_to_plain
 from verifiers.verdict import Verdict, failed
 
 TAIL_CHARS = 4_000
@@ -55,21 +60,44 @@ DEFAULT_TIMEOUT_S = 5.0
 # answer ("\\frac{1}{4}" is rewritten to "1/4").
 _NUM = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _NUMBER = re.compile(rf"{_NUM}(?:/{_NUM})?")
-# A guess list: two or more numbers joined only by list separators.
-_GUESS_LIST = re.compile(
-    rf"{_NUM}(?:/{_NUM})?(?:(?:\s*[,;|]\s*|\s+(?:or|and|maybe|perhaps|possibly|either)\s+|\s+)"
-    rf"{_NUM}(?:/{_NUM})?)+", re.IGNORECASE)
+# A guess list: two or more numbers joined only by list separators ("72, 73", "72, or
+# 73", "72 (or 73)", "72 73"), none of them money or a percentage (below).
+_GUESS_WORDS = r"(?:or|maybe|perhaps|possibly|either)"
+_GUESS_SEPARATOR = rf"(?:\s*[,;|]\s*|(?:\s*[,;])?\s+\(?{_GUESS_WORDS}\s+)"
+_PERCENT_SIGN = r"\s*(?:\\?%|per\s?cent\b)"  # "25%", "25 \%", "25 percent"
+_UNMARKED = rf"(?<!\$){_NUM}(?:/{_NUM})?(?!\d|{_PERCENT_SIGN})"
+_GUESS_LIST = re.compile(  # the first number starts a number, not its "50" of "12.50"
+    rf"(?<![\d.,]){_UNMARKED}(?:(?:{_GUESS_SEPARATOR}|\s+\(?and\s+|\s+){_UNMARKED})+", re.IGNORECASE)
+# The same list with the same mark on each number: money ("$26, $27 or $28"), percent
+# ("25% or 30%"), a unit ("26 apples, 27 apples or 28 apples"). Marked numbers are
+# common in working, so these count only when a guess word joins them or they are the
+# whole answer (`guesses_in`): "she earned $40 and $35", "60 miles and 90 miles, 150
+# miles in total" state facts, "20%, or $10" and "2.5 hours, or 2 hours and 30
+# minutes" one quantity twice.
+_MARKED_GUESS_LISTS = tuple(re.compile(pattern, re.IGNORECASE) for pattern in (
+    rf"\\?\$-?{_NUM}(?:{_GUESS_SEPARATOR}\\?\$-?{_NUM})+",
+    rf"-?{_NUM}{_PERCENT_SIGN}(?:{_GUESS_SEPARATOR}-?{_NUM}{_PERCENT_SIGN})+",
+    rf"{_NUM}\s+(?!(?:{_GUESS_WORDS}|and)\b)([a-z]{{2,}})\b(?:{_GUESS_SEPARATOR}{_NUM}\s+\1\b)+"
+    r"(?!\s+(?:and\s+)?\d)",
+))
+_GUESS_WORD = re.compile(rf"\b{_GUESS_WORDS}\b", re.IGNORECASE)
+# A variable restated after a separator ("x = 72 or x = 73") hides a guess list from the
+# region, which starts after the last "=": it goes first.
+_RESTATED_VARIABLE = re.compile(r"(?<=\d)((?:\s*[,;])?\s+(?:or|and)\s+|\s*[,;]\s*)[a-z]\s*=\s*(?=-?\d)",
+                                re.IGNORECASE)
 # What precedes the answer on a final line: "x = 5", "Answer: 5", "the answer is 5".
 _LEAD_IN = re.compile(r"=|:|\banswers?\s+(?:is|are)\b", re.IGNORECASE)
 # A declared answer: "final answer: 72", "the answer is 72", GSM8K's "#### 72": the
 # number after it, when no other digit follows before its sentence or line ends. Working
 # ("the answer is 47 + 25 = \boxed{72}"), mixed numbers ("3 1/2", "3\frac{1}{2}") and
 # compound units ("2 hours and 30 minutes") declare nothing: their first number is not
-# the answer, and read as one they would contradict the box.
+# the answer, and read as one they would contradict the box. The lead-in may not end in
+# a minus, even before a currency sign ("the answer is -€5"): that number is negative,
+# and read without its sign it would pass for its opposite.
 _DECLARED = re.compile(
-    rf"(?:\b(?:final\s+answer|answer\s+is)\b|^[ \t]*####)\W{{0,20}}?(-?{_NUM}(?:/{_NUM})?)"
+    rf"(?:\b(?:final\s+answer|answer\s+is)\b|^[ \t]*####)\W{{0,20}}?(?<!-)(?<!-[$£€¥])(-?{_NUM}(?:/{_NUM})?)"
     r"(?=[^\d\n]*?(?:[.;!?](?:\s|$)|$))", re.IGNORECASE | re.MULTILINE)
-_PERCENT = re.compile(r"\s*\\?%")  # after a declared number: "25%", "25 \%"
+_PERCENT = re.compile(_PERCENT_SIGN, re.IGNORECASE)
 # A stated answer that is one plain number once its typesetting ("\$1,234", "\!", "\,")
 # is gone: declarations and boxes are compared by its value.
 _PLAIN_NUMBER = re.compile(rf"-?{_NUM}(?:/{_NUM})?")
@@ -81,17 +109,6 @@ _BOLD = re.compile(r"(?<![\w*])\*\*(?=\S)([^*\n]+?)(?<=\S)\*\*(?![\w*])")
 _FRAC = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
 _BARE_LIST = re.compile(r"^[\s\d.,;:+\-$\\{}()\[\]]*$")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Typeset numbers as models copy them from typeset text: U+2212 is the minus sign
-# ("−7", which math-verify does not read as -7), and a no-break, narrow no-break or thin
-# space between digit groups is SI's thousands separator ("12 000"), never a list
-# separator. A plain space stays one: "17 23 391" is a list.
-_MINUS = str.maketrans({"\u2212": "-"})
-_GROUP_SPACE = re.compile(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}(?!\d))")
-
-
-def typeset_to_plain(text: str) -> str:
-    """`text` with typeset minus signs and digit-group spaces as plain ASCII numbers."""
-    return _GROUP_SPACE.sub("", text.translate(_MINUS))
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -114,7 +131,7 @@ def answer_region(text: str) -> str:
     if boxed:
         return boxed[-1]
     lines = [line for line in text.splitlines() if line.strip()]
-    return _LEAD_IN.split(lines[-1])[-1] if lines else ""
+    return _LEAD_IN.split(_RESTATED_VARIABLE.sub(r"\1", lines[-1]))[-1] if lines else ""
 
 
 def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | None:
@@ -123,21 +140,34 @@ def detect_answer_hacking(text: str, gold: str, question: str | None) -> str | N
     if len(set(boxed)) > 1:
         return f"{len(set(boxed))} different \\boxed{{}} answers"
     # A boxed number and a declaration ("The answer is 70. ... \boxed{72}") are two answers too.
-    declared = {_number_or_text(n) for n in _DECLARED.findall(text)}
-    declared |= {b for b in boxed if isinstance(b, Fraction)}
-    if len(declared) > 1:
-        return f"{len(declared)} different declared answers {sorted(map(str, declared))[:6]}"
+    declared = declared_readings(text) + [{b} for b in boxed if isinstance(b, Fraction)]
+    if declared and not set.intersection(*declared):
+        stated = sorted(set(_DECLARED.findall(text)) | {str(b) for b in boxed if isinstance(b, Fraction)})
+        return f"different declared answers {stated[:6]}"
     region = _FRAC.sub(r"\1/\2", answer_region(text))
-    question_numbers = {_plain(n) for n in _NUMBER.findall(question or "")}
-    guesses = {_plain(n) for run in _GUESS_LIST.finditer(region) for n in _NUMBER.findall(run.group())}
-    new_guesses = guesses - question_numbers
-    if len(new_guesses) > max(1, len(set(_NUMBER.findall(_FRAC.sub(r"\1/\2", gold))))):
-        return f"shotgun answer: {len(new_guesses)} candidate numbers {sorted(new_guesses)[:6]}"
-    region_numbers = {_plain(n) for n in _NUMBER.findall(region)}
+    question_numbers = _values(question or "")
+    new_guesses = guesses_in(region) - question_numbers
+    if len(new_guesses) > max(1, len(_values(_FRAC.sub(r"\1/\2", gold)))):
+        return f"shotgun answer: {len(new_guesses)} candidate numbers {sorted(map(str, new_guesses))[:6]}"
+    region_numbers = _values(region)
     if (question_numbers and len(region_numbers) >= 2 and question_numbers <= region_numbers
             and _BARE_LIST.match(region)):
         return "answer echoes the question's numbers"
     return None
+
+
+def guesses_in(region: str) -> set:
+    """The values of the numbers in the guess lists of an answer region ("72.0" and "72"
+    are one guess, as they are one answer)."""
+    runs = [run.group() for run in _GUESS_LIST.finditer(region)]
+    whole = region.strip(" \t.;!?")
+    runs += [run.group() for pattern in _MARKED_GUESS_LISTS for run in pattern.finditer(region)
+             if _GUESS_WORD.search(run.group()) or run.group() == whole]
+    return {value for run in runs for value in _values(run)}
+
+
+def _values(text: str) -> set:
+    return {_number_or_text(n) for n in _NUMBER.findall(text)}
 
 
 def _plain(number: str) -> str:
@@ -200,20 +230,39 @@ def integer_comparison(gold: str, tail: str) -> dict | None:
     return {"gold_ok": True, "extracted": text, "equal": gold == text}
 
 
+def declared_readings(text: str) -> list[set]:
+    """What each declared answer ("the answer is 72", "#### 25%") can mean, in order.
+
+    A percentage has two readings, as math-verify gives it: "25%" is 25 (GSM8K asks "what
+    percent..." and stores the bare 25; the sign is the unit) and 0.25 (its value, as a
+    MATH reference 0.25 or 1/4 would write it). So "25%" and "#### 25" are one answer, and
+    so are "25%" and "0.25". The one reading no grader would give, "0.25%" for a fraction
+    0.25, is accepted with them: it is one stated number, never a list of guesses.
+    """
+    readings = []
+    for match in _DECLARED.finditer(text):
+        value = _number_or_text(match.group(1))
+        percent = isinstance(value, Fraction) and _PERCENT.match(text, match.end(1))
+        readings.append({value, value / 100} if percent else {value})
+    return readings
+
+
 def declared_comparison(gold: str, tail: str) -> dict | None:
-    """The declared answer ("the answer is 72", "#### 72") against a plain-number gold by
-    value, when the reply boxes nothing and declares one number (the hacking rules have
-    refused two); else None. math-verify would take the last `=` of a check written after
-    it ("The answer is 72. Check: 72 - 25 = 47." read as 47). A percentage is left to
-    math-verify, which accepts 25% for 25 or 0.25 alike."""
+    """The declared answers ("the answer is 72", "#### 72", "25%") against a plain-number
+    gold by value, when the reply boxes nothing; else None. Right when every declaration
+    can mean the gold (the hacking rules have refused declarations that cannot agree).
+    math-verify would take the last `=` of a check written after it ("The answer is 72.
+    Check: 72 - 25 = 47." read as 47)."""
     expected = _number_or_text(gold)
     if not isinstance(expected, Fraction) or boxed_contents(tail):
         return None
-    declared = [m for m in _DECLARED.finditer(tail) if not _PERCENT.match(tail, m.end(1))]
-    if not declared:
+    readings = declared_readings(tail)
+    if not readings:
         return None
-    stated = _number_or_text(declared[-1].group(1))
-    return {"gold_ok": True, "extracted": declared[-1].group(1), "equal": stated == expected}
+    last = list(_DECLARED.finditer(tail))[-1]
+    percent = _PERCENT.match(tail, last.end(1))
+    extracted = tail[last.start(1):percent.end() if percent else last.end(1)]
+    return {"gold_ok": True, "extracted": extracted, "equal": expected in set.intersection(*readings)}
 
 
 @functools.lru_cache(maxsize=65_536)

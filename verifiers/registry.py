@@ -3,7 +3,7 @@ reference shape, spec check, options).
 
 One explicit dict (`VERIFIERS`), no discovery. `verify` here is the boundary the
 pipeline calls: whatever a verifier or its input does, it returns a `Verdict`; it hands
-the verifier the completion's answer, after any `<think>` block (verifiers/reasoning.py).
+the verifier the completion's answer, outside any thinking (verifiers/reasoning.py).
 `VerifierConfig` says which verifier a domain uses and how verifiers are bounded.
 """
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The object is found in prose, in a fence (tagged or not), after an explanation, before
 a closing remark; replies that are not a valid instance (the schema echoed back, an
 empty object, Python's dict repr, a wrong type, a missing or extra field, a guess list
-of objects whose last one is invalid) do not pass.
+of objects whose last one is invalid, the object wrapped in an array) do not pass. The
+last object is the answer: one given after it, even "an example of an invalid object",
+replaces it (verifiers/json_schema.py says why).
 """
 from __future__ import annotations
 
@@ -66,6 +68,9 @@ HONEST = [
     f"<think>\nDraft: {{\"name\": \"Ada\", \"age\": \"36\"}}? age must be an integer.\n"
     f"Half: {{\"name\": \"Ada\", \"ag\n</think>\n\n{ADA}",
     f"The template opened the thinking. {{\"name\": 1}} is wrong.\n</think>\n\n```json\n{ADA_PRETTY}\n```",
+    # Interleaved thinking: a draft in a later block does not displace the answer.
+    f"<think>plan</think>{ADA}\n<think>Should age be a string? {{\"name\": \"Ada\", \"age\": \"36\"}}? "
+    f"No, the schema says integer.</think>",
 ]
 
 BAD = [
@@ -91,6 +96,14 @@ BAD = [
     ("the valid object only in the thinking", f"<think>\n{ADA}\n</think>\n\nI cannot share that.", "format_error"),
     ("a valid draft, an invalid answer", f'<think>\n{ADA}\n</think>\n{{"name": "Ada", "age": "36"}}', "wrong"),
     ("cut inside the thinking", f"<think>\nThe object is {ADA}, let me check the email", "format_error"),
+    ("the valid object only in a <thinking> block", f"<thinking>\nDraft: {ADA}\n</thinking>\nI can't.",
+     "format_error"),
+    ("the valid object only in gpt-oss's analysis", f"<|channel|>analysis<|message|>{ADA}<|end|><|start|>assistant"
+     "<|channel|>final<|message|>I cannot share that.<|return|>", "format_error"),
+    ("cut inside a later think block", f"<think>x</think>Answer below.\n<think>\n{ADA}", "format_error"),
+    # An array is what a program parsing the reply gets: no object, whatever it holds.
+    ("the object wrapped in an array", f"[{ADA}]", "wrong"),
+    ("candidate objects in an array", f'[{{"name": "Ada", "age": "36"}}, {ADA}]', "wrong"),
 ]
 
 

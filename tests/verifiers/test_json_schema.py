@@ -53,6 +53,14 @@ def test_an_array_schema_is_answered_by_an_array():
     assert json_schema.verify(SPEC, '{"name": "Ada", "email": "ada@example.com"}\n\n[1] from the text').passed
 
 
+def test_an_array_holding_the_object_is_an_array_not_the_object():
+    ada = {"name": "Ada", "email": "ada@example.com"}
+    assert json_schema.find_last_value('[{"name": "Ada", "email": "ada@example.com"}] [2]', arrays=False) == [ada]
+    assert json_schema.find_last_value('[[{"name": "Ada"}]]', arrays=False) == [[{"name": "Ada"}]]
+    verdict = json_schema.verify(SPEC, 'Here: [{"name": "Ada", "email": "ada@example.com"}]')
+    assert verdict.status == "wrong" and "not of type 'object'" in verdict.detail
+
+
 def test_nan_is_not_a_number_that_meets_every_bound():
     spec = {"schema": {"type": "object", "required": ["score"],
                        "properties": {"score": {"type": "number", "minimum": 0, "maximum": 1}}}}

@@ -22,6 +22,14 @@ Q_BIG = "What is 999 + 235?"
 Q_NEG = "What is 5 - 12?"
 Q_THOUSANDS = "What is 1,000 times 12?"
 Q_DEC = "A rope of 10 meters is cut into 4 equal pieces. How long is each piece?"
+Q_SCI = "A colony of 300 cells grows 400-fold. How many cells are there?"
+Q_RATIO = "What is 6 divided by 5?"
+Q_POP = "A town of 500,000 people triples. How many people live there now?"
+Q_ONE = "What is 1,000,000 divided by 1,000,000?"
+Q_PCT = "20 of the 80 students walk to school. What percent of the students walk?"
+Q_DEBT = "Maya had $500 and spent $1,734.50 on credit. What is her balance?"
+Q_LEFT = "Maya had $1,734.50 and spent $500. How much does she have left?"
+Q_EGGS = "Janet sells 16 eggs a day at $2 each and spends $4 on feed. How much does she make a day?"
 
 HONEST = [
     (Q_SUM, "72", "The sum of 47 and 25 is 72."),
@@ -93,6 +101,28 @@ HONEST = [
     # A check on the declaration's own line: math-verify would read its last `=` (47).
     (Q_SUM, "72", "The answer is 72. Check: 72 - 25 = 47."),
     (Q_SUM, "72", "So the final answer is $72. (Check: 72 - 47 = 25.)"),
+    # Scientific notation outside math mode (math-verify alone reads 1.2).
+    (Q_SCI, "120000", "300 \u00d7 400 = 1.2 \u00d7 10^5 cells."),
+    (Q_SCI, "120000", "The answer is 1.2 \\times 10^{5}."),
+    (Q_SCI, "120000", "There are 1.2e5 cells."),
+    (Q_POP, "1500000", "500,000 \u00d7 3 = 1.5 million, so 1.5 million people live there now."),
+    # Percentages: GSM8K stores "what percent" answers bare; 25% also is 0.25.
+    (Q_PCT, "25", "The answer is 25%. Check: 20/80 = 0.25"),
+    (Q_PCT, "0.25", "The answer is 25 percent."),
+    # Money: a negative amount, a typeset minus, an escaped dollar.
+    (Q_DEBT, "-1234.5", "She spent more than she had, so her balance is -$1,234.50."),
+    (Q_DEBT, "-1234.5", "Final answer: \u2212$1,234.50"),
+    (Q_DEBT, "-1234.5", "**Answer:** -\\$1,234.50"),
+    (Q_EGGS, "28", "16 \u00d7 \\$2 = \\$32, and \\$32 - \\$4 = \\$28.\n\nJanet makes \\$28 per day."),
+    # Other reasoning formats: <thinking> (Claude-style fine-tunes), <reasoning> (GRPO
+    # recipes), gpt-oss's analysis channel, interleaved thinking.
+    (Q_SUM, "72", "<thinking>\nThe answer is 70? No: 47 + 25 = 72.\n</thinking>\n\nThe answer is 72."),
+    (Q_SUM, "72", "<reasoning>\nFirst guess \\boxed{70}; 47 + 25 = 72.\n</reasoning>\n<answer>\n72\n</answer>"),
+    (Q_SUM, "72", "<|channel|>analysis<|message|>47+25. The answer is 70? No, 72.<|end|>"
+                  "<|start|>assistant<|channel|>final<|message|>47 + 25 = 72<|return|>"),
+    (Q_SUM, "72", "analysisWe need 47+25. Maybe \\boxed{70}.assistantfinalThe answer is 72."),
+    (Q_SUM, "72", "<think>\n47 + 25?\n</think>\n\nLet me add the tens first.\n<think>\n40 + 20 = 60, so "
+                  "\\boxed{60} so far; 7 + 5 = 12\n</think>\n\n60 + 12 = 72, so the answer is 72."),
 ]
 
 HACKS = [
@@ -114,6 +144,13 @@ HACKS = [
     (Q_NEG, "-7", "The answer is -7. Final answer: 7", "different"),
     (Q_SUM, "72", "<think>\nhard to say\n</think>\n\n70, 71, 72 or 73", "shotgun"),
     (Q_SUM, "72", "<think>\n47 + 25 = 72\n</think>\n\\boxed{70} \\boxed{72}", "different"),
+    # Guess lists dressed as money, percentages, units, restated variables, asides.
+    (Q_SUM, "72", "The answer is $72 or $73.", "shotgun"),
+    (Q_PCT, "25", "The answer is 25% or 30%.", "shotgun"),
+    (Q_APPLES, "27", "26 apples, 27 apples or 28 apples", "shotgun"),
+    (Q_SUM, "72", "x = 72 or x = 73", "shotgun"),
+    (Q_SUM, "72", "Answer: 72 (or 73)", "shotgun"),
+    (Q_SUM, "72", "It could be 72, or 73.", "shotgun"),
 ]
 
 WRONG = [
@@ -132,6 +169,27 @@ WRONG = [
     (Q_SUM, "72", "<think>\n47 + 25 = 72\n</think>\n"),
     # The declared answer is the answer, even when a line after it computes the right one.
     (Q_SUM, "72", "The answer is 70. Check: 47 + 25 = 72"),
+    # Misread notation must not pass a wrong answer: 1.2e5 is not 1.2, -$1,234.50 not 1234.5.
+    (Q_RATIO, "1.2", "The answer is 1.2e5."),
+    (Q_ONE, "1", "The answer is 1 million."),
+    (Q_LEFT, "1234.5", "The answer is -$1,234.50."),
+    # A right answer in any reasoning format's thinking does not rescue a wrong one.
+    (Q_SUM, "72", "<thinking>\n47 + 25 = \\boxed{72}\n</thinking>\n\n47 + 25 = 70"),
+    (Q_SUM, "72", "<reasoning>\nSo \\boxed{72}.\n</reasoning>\n<answer>\n70\n</answer>"),
+    (Q_SUM, "72", "analysisWe need 47+25 = 72. So \\boxed{72}.assistantfinal47 + 25 = 70"),
+    (Q_SUM, "72", "<think>a</think>Draft.\n<think>\n\\boxed{72}\n</think>\n\n47 + 25 = 70"),
+    # Cut while thinking: in gpt-oss's analysis channel, in a later think block.
+    (Q_SUM, "72", "<|channel|>analysis<|message|>47 + 25 = \\boxed{72}. Let me double-check"),
+    (Q_SUM, "72", "<think>\nstart\n</think>\nAdding.\n<think>\n47 + 25 = \\boxed{72}, let me verify"),
+]
+
+# Money, percentages and units in working are not guess lists, nor is one quantity
+# stated twice: the bounds of the marked-list rule (these passed before it existed).
+MARKED_WORKING = [
+    ("She works two days.", "75", "She earned $40 and $35 on the two days, so $75 in total."),
+    ("He drives twice.", "150", "He drives 60 miles and 90 miles, 150 miles in total."),
+    ("A $50 item is cut to $40. What is the discount in percent?", "20", "The discount is 20%, or $10 off."),
+    ("How long is the trip?", "2.5", "It takes 2 hours and 30 minutes, i.e. 2.5 hours."),
 ]
 
 
@@ -155,6 +213,12 @@ def test_hacks_are_caught(question, answer, reply, reason):
 def test_wrong_answers_fail(question, answer, reply):
     verdict = verify("math", {"answer": answer}, reply, prompt=question)
     assert not verdict.passed and verdict.reward == 0.0
+
+
+@pytest.mark.parametrize("question, answer, reply", MARKED_WORKING)
+def test_marked_numbers_in_working_are_no_guess_list(question, answer, reply):
+    verdict = verify("math", {"answer": answer}, reply, prompt=question)
+    assert verdict.status != "hacking_suspected", verdict.detail
 
 
 def test_without_the_question_a_restated_question_looks_like_guesses():
