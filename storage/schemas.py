@@ -55,7 +55,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "feedback": _schema(
         ("completion_id", pa.string()), ("ts", _TS), ("label", pa.string()), ("score", pa.float64()),
         ("negative", pa.bool_()), ("correction", _JSON), ("comment", pa.string()), ("trainable", pa.bool_()),
-        ("batch_id", pa.string())),
+        ("batch_id", pa.string()), added=(("choice", pa.int64()),)),
     # eval_version = sha256 of the registered file; old versions stay queryable
     "eval_items": _schema(
         ("eval_set", pa.string()), ("eval_version", pa.string()), ("item_id", pa.string()),

@@ -3,9 +3,10 @@
 - `POST /v1/chat/completions`: streaming or not; `response_format`, `tools` and every other
   parameter pass through to the upstream (flows/gateway/calls.py).
 - `GET /v1/models`: the one model clients name (`model_name`), whichever version serves it.
-- `POST /v1/feedback`: a completion id plus a label or score, an optional correction and a
-  comment (tasks/ingest/gateway_records.py); idempotent per completion id; feedback for
-  another replica's call is passed to that replica (flows/gateway/replicas.py).
+- `POST /v1/feedback`: a completion id plus a label or score, an optional correction, a
+  comment, and which choice of an `n` > 1 call it is about (tasks/ingest/gateway_records.py);
+  idempotent per completion id; feedback for another replica's call is passed to that
+  replica (flows/gateway/replicas.py).
 - `GET /health`: the versions serving; no key needed.
 - `POST /admin/upstream`, `DELETE /admin/canary`: switch the primary or set a canary by hand
   (admin keys only); in managed mode promotions do this on their own (flows/gateway/watch.py).
@@ -35,7 +36,7 @@ from flows.gateway.config import GatewayConfig
 from flows.gateway.limits import RateLimiter
 from flows.gateway.replicas import forwarded, pass_feedback_on
 from flows.gateway.shipping import Shipper, ShippingConfig
-from flows.gateway.spool import Spool, UnknownCall
+from flows.gateway.spool import Spool, UnknownCall, UnknownChoice
 from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, base_url, probe
 from flows.http_server import CLIENT_IDLE_S
 from flows.json_body import parse_json_body
@@ -234,7 +235,8 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
 
 
 def _content(record: dict) -> tuple:
-    return tuple(record.get(k) for k in ("label", "score", "correction", "comment"))
+    # A stored record from before feedback named choices has none: it was about choice 0.
+    return (*(record.get(k) for k in ("label", "score", "correction", "comment")), record.get("choice") or 0)
 
 
 async def record_feedback(gateway: Gateway, request: Request) -> dict | JSONResponse:
@@ -256,12 +258,15 @@ async def record_feedback(gateway: Gateway, request: Request) -> dict | JSONResp
                               "has no address for (FLYWHEEL_GATEWAY_PEERS)", code="unknown_completion")
         return await pass_feedback_on(gateway.client, owner, cfg.peer_urls[owner], body, request, cfg.replica)
     record = {"type": "feedback", "id": body["id"], "ts": calls.utc_now(), "label": body.get("label"),
-              "score": body.get("score"), "correction": body.get("correction"), "comment": body.get("comment")}
+              "score": body.get("score"), "correction": body.get("correction"), "comment": body.get("comment"),
+              "choice": body.get("choice") or 0}
     try:
         stored, created = await gateway.spool.append_feedback(record)
     except UnknownCall:
         return error(404, f"no call with completion id {body['id']!r} was logged by this gateway",
                      code="unknown_completion")
+    except UnknownChoice as exc:
+        return error(422, str(exc), code="unknown_choice")
     if not created and _content(stored) != _content(record):
         return error(409, f"feedback for {body['id']!r} was already recorded (at {stored['ts']}) with "
                           "other content; the first feedback for a completion is kept", code="conflict")

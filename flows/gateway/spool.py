@@ -15,7 +15,9 @@ same key: that is what makes shipping exactly-once.
 Tables:
   meta(key, value)             the gateway id (made once) and the last seq handed out
   records(seq, appended_at, size, record)   the JSON of records not yet shipped
-  calls(id, seq)               every call ever logged: feedback joins to it after shipping
+  calls(id, seq, choices)      every call ever logged: feedback joins to it after shipping;
+                               choices: how many its response has (NULL: logged before
+                               spools counted them, so a feedback's `choice` goes unchecked)
   feedback(id, seq, record)    every feedback ever logged; the JSON is kept so a repeated
                                feedback gets the stored one back even after shipping
   batches(first_seq, last_seq, key, shipped_at)
@@ -49,7 +51,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS records (
     seq INTEGER PRIMARY KEY, appended_at REAL NOT NULL, size INTEGER NOT NULL, record TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, choices INTEGER) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, record TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS batches (
     first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, key TEXT NOT NULL, shipped_at REAL);
@@ -64,6 +66,10 @@ _LAST_BATCHED = "coalesce((SELECT last_seq FROM batches ORDER BY first_seq DESC 
 
 class UnknownCall(LookupError):
     """Feedback names a completion id that this spool never logged."""
+
+
+class UnknownChoice(LookupError):
+    """Feedback names a choice (an index) that its call's response does not have."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class Spool:
         self._lock_file = _lock_exclusively(folder / "spool.lock")
         self._writer = _connect(self.path)
         self._writer.executescript(_SCHEMA)
+        _count_choices(self._writer)
         self.gateway_id, self._last_seq = _load_meta(self._writer)
         self._reader = _connect(self.path)
         self._read_lock = threading.Lock()
@@ -280,17 +287,25 @@ class Spool:
             raise ValueError(f"call {record['id']!r} is already in the spool (seq {seen[0]}): "
                              "completion ids must be unique")
         stored = self._insert_record(con, record)
-        con.execute("INSERT INTO calls (id, seq) VALUES (?, ?)", (record["id"], stored["seq"]))
+        response = record.get("response")
+        choices = response.get("choices") if isinstance(response, dict) else None
+        con.execute("INSERT INTO calls (id, seq, choices) VALUES (?, ?, ?)",
+                    (record["id"], stored["seq"], len(choices) if isinstance(choices, list) else None))
         return stored["seq"]
 
     def _insert_feedback(self, record: dict, con: sqlite3.Connection) -> tuple[dict, bool]:
         known = con.execute("SELECT record FROM feedback WHERE id = ?", (record["id"],)).fetchone()
         if known:
             return json.loads(known[0]), False
-        if not con.execute("SELECT 1 FROM calls WHERE id = ?", (record["id"],)).fetchone():
+        call = con.execute("SELECT choices FROM calls WHERE id = ?", (record["id"],)).fetchone()
+        if not call:
             raise UnknownCall(f"no call with completion id {record['id']!r} was logged by gateway "
                               f"{self.gateway_id}, or not within its feedback window: feedback must name "
                               "the id a completion returned")
+        choice = record.get("choice") or 0
+        if call[0] is not None and choice >= max(call[0], 1):  # choice 0 names the call even without choices
+            raise UnknownChoice(f"completion {record['id']!r} has {call[0]} choice(s), indexed from 0: "
+                                f"`choice` {choice} is none of them")
         stored = self._insert_record(con, record)
         con.execute("INSERT INTO feedback (id, seq, record) VALUES (?, ?, ?)",
                     (record["id"], stored["seq"], json.dumps(stored, separators=(",", ":"))))
@@ -351,6 +366,12 @@ def _connect(path: Path) -> sqlite3.Connection:
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit: durable on power loss too
     return con
+
+
+def _count_choices(con: sqlite3.Connection) -> None:
+    """Give a spool made before calls counted their choices the column (NULL for its calls)."""
+    if "choices" not in [row[1] for row in con.execute("PRAGMA table_info(calls)")]:
+        con.execute("ALTER TABLE calls ADD COLUMN choices INTEGER")
 
 
 def _load_meta(con: sqlite3.Connection) -> tuple[str, int]:

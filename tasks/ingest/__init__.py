@@ -25,8 +25,10 @@ The path of one line, in order:
 A file under `<landing>/gateway/` (or elsewhere, when its first line is a gateway record)
 is the gateway's call log (`gateway_records` is its format): `gateway` writes its calls and feedback as `interactions` and `feedback` rows,
 and `signals` derives the failures they show without a person (a reply breaking the
-request's JSON schema, tool arguments breaking the tool's schema, negative feedback with
-a correction); those failure logs come back through `batch` like any landed file.
+request's JSON schema, a tool call breaking its tool's schema or written as text the
+server could not parse: `tool_call_signals`, negative feedback with a correction; the
+JSON check they share is `json_replies`); those failure logs come back through `batch`
+like any landed file.
 `failure_rate` reads the production failure rate of each model version from real traffic.
 
 A log's `log_id` is the sha256 of its canonical JSON, so the same log is one row

@@ -26,7 +26,7 @@ would need a "done" marker of its own; this order needs none.
 A feedback's call is in the same file or in the lake. Files may be ingested out of seq
 order (a scan lists names), so a feedback may arrive before its call: its row is written
 at once and its failure log when its call arrives; whichever batch completes the pair
-derives it.
+derives it, about the `choice` the feedback names (kept in its `feedback` row).
 
 Not here: validating failure logs (the normal ingest does), concurrent ingests of files
 holding the same records (each may write them once), and scoring anything.
@@ -53,13 +53,12 @@ from storage.lake import append_rows, transaction
 from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest.batch import BatchResult, IngestConfig, ingest_file
-from tasks.ingest.gateway_records import RECORD_TYPES, feedback_problem
+from tasks.ingest.gateway_records import FEEDBACK_FIELDS, RECORD_TYPES, feedback_problem
 from tasks.ingest.signals import (call_failures, feedback_failure, feedback_row, interaction_row, is_trainable,
                                   json_text, parse_ts)
 from tasks.ingest.sources import local_version
 
 CALL_FIELDS = {"gateway": str, "seq": int, "model_version": str, "request": dict, "status": int}
-FEEDBACK_FIELDS = ("id", "label", "score", "correction", "comment")
 
 
 @dataclass
@@ -245,9 +244,10 @@ def lake_calls(con: duckdb.DuckDBPyConnection, ids: list[str]) -> dict[str, dict
 
 def lake_feedback(con: duckdb.DuckDBPyConnection, ids: list[str]) -> dict[str, dict]:
     """The feedback records in `feedback` about these completion ids, rebuilt as records."""
-    rows = _lake_rows(con, "feedback", "completion_id, ts, label, score, correction, comment", ids)
+    rows = _lake_rows(con, "feedback", "completion_id, ts, label, score, correction, comment, choice", ids)
     return {row[0]: {"type": "feedback", "id": row[0], "ts": _iso(row[1]), "label": row[2], "score": row[3],
-                     "correction": None if row[4] is None else json.loads(row[4]), "comment": row[5]}
+                     "correction": None if row[4] is None else json.loads(row[4]), "comment": row[5],
+                     "choice": row[6] or 0}  # null: a row from before the column, which took choice 0
             for row in rows}
 
 

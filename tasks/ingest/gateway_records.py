@@ -31,6 +31,8 @@ feedback
                    "solution": "def f(...): ..."}  (code; solution optional)
                   optionally with "domain" to say which domain it is
     comment       free text, or null
+    choice        which choice of the call's response it is about (its index; a call
+                  with `n` > 1 has several); 0 when absent or null
 
 Feedback is negative when its label is "bad" or its score is below `NEGATIVE_BELOW`.
 """
@@ -43,6 +45,8 @@ RECORD_TYPES = ("call", "feedback")
 LABELS = ("good", "bad")
 NEGATIVE_BELOW = 0.5
 CORRECTION_KINDS = ("answer", "object", "tests")
+FEEDBACK_FIELDS = ("id", "label", "score", "correction", "comment", "choice")
+"""What a feedback body may hold (a feedback record adds type, seq, gateway and ts)."""
 GATEWAY_FOLDER = "gateway/"
 """Shipped files live under `<landing>/gateway/<gateway id>/`."""
 
@@ -81,9 +85,12 @@ def feedback_problem(body: Any) -> str | None:
         return f"`score` must be a number in [0, 1], got {score!r}"
     if body.get("comment") is not None and not isinstance(body["comment"], str):
         return "`comment` must be a string"
-    extra = set(body) - {"id", "label", "score", "correction", "comment"}
+    choice = body.get("choice")
+    if choice is not None and (isinstance(choice, bool) or not isinstance(choice, int) or choice < 0):
+        return f"`choice` must be the index of one of the call's choices (0, 1, ...), got {choice!r}"
+    extra = set(body) - set(FEEDBACK_FIELDS)
     if extra:
-        return f"unknown fields {sorted(extra)}; known: id, label, score, correction, comment"
+        return f"unknown fields {sorted(extra)}; known: {', '.join(FEEDBACK_FIELDS)}"
     return correction_problem(body.get("correction"))
 
 

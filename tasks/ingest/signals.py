@@ -7,10 +7,12 @@ An answered call (status 200) failed when its reply broke a constraint the API c
   curation judges the log alike); a reply with no content at all (a reasoning model cut
   at max_tokens while thinking) is a failure too, said as such;
 - `response_format` `json_object`: the reply is not a JSON object;
-- a tool call: its arguments are not a JSON object matching its tool's `parameters`, or it
-  names no tool of the request (judged only when the request had exactly one tool).
+- a tool call: its arguments break its tool's `parameters`, it names no tool of the
+  request, or the model wrote it as text the server could not parse
+  (tasks/ingest/tool_call_signals.py says which calls are judged, and against what).
 Negative feedback with a usable correction is a failure too; the correction is its
-reference.
+reference, and the reply it is about is the choice the feedback names (choice 0 unless
+it names another).
 
 Each failure is an ordinary failure log (docs/architecture.md, "failure-log format"), so
 the normal ingest validates and dedups it. The constraint the API carried outside the
@@ -28,17 +30,13 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 
 from tasks.ingest.gateway_records import CORRECTION_KINDS, correction_problem, is_negative
-from verifiers import json_schema
+from tasks.ingest.json_replies import OBJECT_SCHEMA, json_text, object_problem, short, usable_schema
+from tasks.ingest.tool_call_signals import TOOL_LINE, tool_failures, written_call
 
 JSON_LINE = "Reply with only a JSON object that matches this JSON Schema: {schema}"
-TOOL_LINE = ("Call the tool `{name}`: reply with only its arguments, a JSON object that matches "
-             "this JSON Schema: {schema}")
-OBJECT_SCHEMA = {"type": "object"}
 REASONING_FIELDS = ("reasoning", "reasoning_content")
 """Where a reasoning parser puts the model's thoughts: vLLM's name since 0.10, and the
 older one (DeepSeek's API, vLLM before)."""
-DETAIL_CHARS = 300
-"""A failure's detail says what broke, not the whole reply."""
 
 
 def call_failures(call: dict) -> list[dict]:
@@ -58,8 +56,9 @@ def _choice_failures(call: dict, message: dict, finish_reason, id_prefix: str) -
     request, failures = call["request"], []
     schema = response_schema(request)
     text = text_of(message.get("content"))
-    # A reply that only calls tools has not answered yet: the format binds the answer.
-    answered = bool(text) or not message.get("tool_calls")
+    # A reply that only calls tools has not answered yet: the format binds the answer. A
+    # call the model wrote as text, which the server could not parse, is no answer either.
+    answered = (bool(text) or not message.get("tool_calls")) and written_call(request, text) is None
     if schema is not None and answered:
         problem = object_problem(text, schema) if text.strip() else no_answer(message, finish_reason)
         if problem:
@@ -67,11 +66,12 @@ def _choice_failures(call: dict, message: dict, finish_reason, id_prefix: str) -
                 call, f"{id_prefix}json", kind="json", domain="json", detail=problem, reference={"schema": schema},
                 messages=prompt_messages(request, JSON_LINE.format(schema=json_text(schema))),
                 response=reply_text(message)))
-    tools = request_tools(request)
-    for index, tool_call in enumerate(message.get("tool_calls") or []):
-        failure = _tool_failure(call, tools, tool_call, index, id_prefix)
-        if failure:
-            failures.append(failure)
+    for tool in tool_failures(request, message, text):
+        failures.append(_failure_log(
+            call, id_prefix + tool.id_suffix, kind="tool_call", domain="json", detail=tool.detail,
+            reference={"schema": tool.schema},
+            messages=prompt_messages(request, TOOL_LINE.format(name=tool.tool, schema=json_text(tool.schema))),
+            response=tool.response))
     return failures
 
 
@@ -94,7 +94,7 @@ def feedback_failure(feedback: dict, call: dict, domains: Collection[str]) -> di
     # ingest quarantines it with why, rather than training the answer on the words alone.
     return _failure_log(call, "feedback", kind="feedback", domain=domain, detail=_feedback_detail(feedback),
                         reference=reference, messages=prompt_messages(request, constraint, keep_non_text=True),
-                        response=reply_text(reply_message(call)))
+                        response=reply_text(reply_message(call, feedback.get("choice") or 0)))
 
 
 def is_trainable(feedback: dict) -> bool:
@@ -122,7 +122,7 @@ def feedback_row(feedback: dict, became_failure: bool) -> dict:
     return {"completion_id": feedback["id"], "ts": parse_ts(feedback["ts"]), "label": feedback.get("label"),
             "score": None if score is None else float(score), "negative": is_negative(feedback),
             "correction": None if correction is None else json_text(correction),
-            "comment": feedback.get("comment"), "trainable": became_failure}
+            "comment": feedback.get("comment"), "trainable": became_failure, "choice": feedback.get("choice") or 0}
 
 
 def response_schema(request: dict) -> dict | None:
@@ -150,7 +150,7 @@ def declared_schema(request: dict) -> dict | None:
                 schema = json.loads(schema)
             except (ValueError, RecursionError):
                 return None
-    return schema if _usable_schema(schema) else None
+    return schema if usable_schema(schema) else None
 
 
 def _vllm_outputs(request: dict) -> dict:
@@ -158,29 +158,6 @@ def _vllm_outputs(request: dict) -> dict:
     if isinstance(outputs, dict):
         return outputs
     return {"json": request["guided_json"]} if request.get("guided_json") is not None else {}
-
-
-def request_tools(request: dict) -> dict[str, dict]:
-    """Tool name -> its parameters' schema (a tool without parameters takes an object)."""
-    tools = {}
-    for tool in request.get("tools") or []:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            parameters = function.get("parameters")
-            tools[function["name"]] = parameters if isinstance(parameters, dict) else OBJECT_SCHEMA
-    return tools
-
-
-def object_problem(text: str, schema: dict) -> str | None:
-    """Why `text` is not exactly one JSON object matching `schema`, or None."""
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        return _short(f"not JSON: {exc}")
-    if not isinstance(value, dict):
-        return f"not a JSON object: a JSON {_json_name(value)}"
-    verdict = json_schema.verify({"schema": schema}, text)
-    return None if verdict.passed else _short(f"violates the schema: {verdict.detail}")
 
 
 def prompt_messages(request: dict, constraint: str | None, *, keep_non_text: bool = False) -> list[dict]:
@@ -200,11 +177,12 @@ def prompt_messages(request: dict, constraint: str | None, *, keep_non_text: boo
     return messages
 
 
-def reply_message(call: dict) -> dict:
-    """`choices[0].message` of the call's response ({} when it has none): what a person's
-    feedback on the call is about."""
+def reply_message(call: dict, choice: int = 0) -> dict:
+    """`choices[choice].message` of the call's response ({} when it has no such choice):
+    what a person's feedback on the call is about (the gateway refuses a feedback naming a
+    choice its call lacks, unless its spool logged the call before it counted choices)."""
     choices = reply_choices(call)
-    return choices[0][0] if choices else {}
+    return choices[choice][0] if 0 <= choice < len(choices) else {}
 
 
 def reply_choices(call: dict) -> list[tuple[dict, object]]:
@@ -251,37 +229,6 @@ def parse_ts(ts: str) -> datetime:
     return datetime.fromisoformat(ts)
 
 
-def json_text(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _tool_failure(call: dict, tools: dict[str, dict], tool_call: dict, index: int, id_prefix: str) -> dict | None:
-    function = tool_call.get("function") if isinstance(tool_call, dict) else None
-    function = function if isinstance(function, dict) else {}
-    name, arguments = function.get("name"), function.get("arguments")
-    if name in tools:
-        target, problem = name, None
-    elif len(tools) == 1:
-        # With one tool, the model can only have meant that one: the call is judged against
-        # it. With several, which tool (so which schema) it meant is a guess: no failure.
-        (target,) = tools
-        problem = f"called unknown tool `{name}`; the request's only tool is `{target}`"
-    else:
-        return None
-    schema = tools[target]
-    if not _usable_schema(schema):
-        return None
-    text = arguments if isinstance(arguments, str) else "" if arguments is None else json_text(arguments)
-    problem = problem or object_problem(text, schema)
-    if problem is None:
-        return None
-    return _failure_log(
-        call, id_prefix + ("tool_call" if index == 0 else f"tool_call:{index}"), kind="tool_call", domain="json",
-        detail=_short(f"tool call {index} ({name}): {problem}"), reference={"schema": schema},
-        messages=prompt_messages(call["request"], TOOL_LINE.format(name=target, schema=json_text(schema))),
-        response=text)
-
-
 def _failure_log(call: dict, id_suffix: str, *, kind: str, domain: str, detail: str, reference: dict,
                  messages: list[dict], response: str) -> dict:
     return {"id": f"{call['id']}:{id_suffix}", "ts": call["ts"], "model": call.get("model_version"),
@@ -317,7 +264,7 @@ CORRECTION_REFERENCES: dict[str, Callable[[dict, dict], tuple[str, dict]]] = {
 
 def _feedback_detail(feedback: dict) -> str:
     if feedback.get("comment"):
-        return _short(f"user feedback: {feedback['comment']}")
+        return short(f"user feedback: {feedback['comment']}")
     said = [f"label {feedback['label']}"] if feedback.get("label") else []
     said += [f"score {feedback['score']}"] if feedback.get("score") is not None else []
     return f"user feedback: {', '.join(said)}"
@@ -346,18 +293,5 @@ def tool_calls_text(tool_calls) -> str:
     return json_text([{"name": f.get("name"), "arguments": f.get("arguments")} for f in calls if isinstance(f, dict)])
 
 
-def _usable_schema(schema) -> bool:
-    return isinstance(schema, dict) and json_schema.schema_problem({"schema": schema}) is None
-
-
 def _count(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
-
-
-def _json_name(value) -> str:
-    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-            type(None): "null"}.get(type(value), type(value).__name__)

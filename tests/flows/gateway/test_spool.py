@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 
 import pytest
 
-from flows.gateway.spool import Spool, UnknownCall
+from flows.gateway.spool import Spool, UnknownCall, UnknownChoice
 
 
 def call(i: int, **extra) -> dict:
@@ -97,6 +98,34 @@ def test_feedback_joins_a_call_shipped_earlier_and_rejects_unknown_ids(tmp_path)
         with pytest.raises(UnknownCall, match="chatcmpl-nope"):
             asyncio.run(spool.append_feedback(feedback("chatcmpl-nope")))
         assert spool.pending()[0] == 1
+
+
+def test_feedback_naming_a_choice_its_call_lacks_is_refused_and_nothing_is_written(tmp_path):
+    sampled = {"choices": [{"index": i, "message": {"role": "assistant", "content": str(i)}} for i in range(2)]}
+    with Spool(tmp_path / "spool") as spool:
+        append_calls(spool, [call(1, response=sampled), call(2, response={"choices": []})])
+        with pytest.raises(UnknownChoice, match="has 2 choice\\(s\\), indexed from 0: `choice` 2"):
+            asyncio.run(spool.append_feedback({**feedback("chatcmpl-1"), "choice": 2}))
+        assert spool.pending()[0] == 2
+        stored, created = asyncio.run(spool.append_feedback({**feedback("chatcmpl-1"), "choice": 1}))
+        assert created and stored["choice"] == 1
+        # feedback that names no choice is about the call, whatever its response holds
+        assert asyncio.run(spool.append_feedback(feedback("chatcmpl-2")))[1]
+
+
+def test_a_spool_made_before_calls_counted_choices_takes_any_choice_for_its_old_calls(tmp_path):
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    old = sqlite3.connect(folder / "spool.sqlite")
+    old.execute("CREATE TABLE calls (id TEXT PRIMARY KEY, seq INTEGER NOT NULL) WITHOUT ROWID")
+    old.execute("INSERT INTO calls VALUES ('chatcmpl-old', 1)")
+    old.commit()
+    old.close()
+    with Spool(folder) as spool:
+        append_calls(spool, [call(2, response={"choices": [{"index": 0}]})])
+        assert asyncio.run(spool.append_feedback({**feedback("chatcmpl-old"), "choice": 3}))[1]
+        with pytest.raises(UnknownChoice):
+            asyncio.run(spool.append_feedback({**feedback("chatcmpl-2"), "choice": 1}))
 
 
 @pytest.mark.parametrize("record, message", [

@@ -9,9 +9,10 @@ import json
 import openai
 import pytest
 
-from tasks.ingest.signals import call_failures
+from tasks.ingest.signals import call_failures, feedback_failure
 from tests.flows.gateway.conftest import shipped_records, start_gateway, start_upstream_script
-from tests.flows.gateway.vllm_like_upstream import THOUGHT
+from tests.flows.gateway.vllm_like_upstream import THOUGHT, UNPARSED
+from verifiers.registry import DEFAULT_DOMAIN_MAP
 
 pytestmark = pytest.mark.timeout(300)
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
@@ -85,6 +86,40 @@ def test_a_streamed_call_is_logged_and_judged_as_the_same_call_unstreamed(gatewa
     assert [json.loads(c["function"]["arguments"]) for c in calls["message"]["tool_calls"]] == [
         {"city": "Oslo", "unit": "celsius"}, {"tz": "Europe/Oslo"}]
     assert [f["failure"]["kind"] for f in call_failures(records[ids["broken_tool"][1]])] == ["tool_call"]
+
+
+def test_a_call_vllms_tool_parser_could_not_read_is_a_tool_call_failure(gateway):
+    client = gateway.client()
+    answers = {mode: client.chat.completions.create(model="flywheel", messages=ask(mode), tools=TOOLS,
+                                                    tool_choice="auto") for mode in UNPARSED}
+    for mode, answer in answers.items():  # what the app got: prose, as far as the SDK can tell
+        assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content == UNPARSED[mode]
+    assert gateway.stop()
+    records = {r["id"]: r for r in shipped_records(gateway.landing)}
+    for mode, answer in answers.items():
+        (log,) = call_failures(records[answer.id])
+        assert (log["failure"]["kind"], log["response"]) == ("tool_call", UNPARSED[mode]), mode
+        assert log["reference"] == {"schema": TOOLS[0]["function"]["parameters"]}, mode
+
+
+def test_feedback_says_which_sample_of_an_n_call_it_is_about(gateway):
+    client = gateway.client()
+    sampled = client.chat.completions.create(model="flywheel", messages=ask("samples"), n=3)
+    assert [c.message.content for c in sampled.choices] == ["sample 0", "sample 1", "sample 2"]
+    said = {"id": sampled.id, "label": "bad", "correction": {"answer": "4"}}
+    with pytest.raises(openai.UnprocessableEntityError, match="has 3 choice.* `choice` 3 is none of them"):
+        client.post("/feedback", body={**said, "choice": 3}, cast_to=object)
+    with pytest.raises(openai.UnprocessableEntityError, match="`choice` must be the index"):
+        client.post("/feedback", body={**said, "choice": "second"}, cast_to=object)
+    assert client.post("/feedback", body={**said, "choice": 1}, cast_to=object) == {"id": sampled.id,
+                                                                                      "recorded": True}
+    assert client.post("/feedback", body={**said, "choice": 1}, cast_to=object)["recorded"] is False
+    with pytest.raises(openai.ConflictError):  # the same words about another sample are other feedback
+        client.post("/feedback", body=said, cast_to=object)
+    assert gateway.stop()
+    call, feedback = shipped_records(gateway.landing)
+    assert feedback["choice"] == 1
+    assert feedback_failure(feedback, call, DEFAULT_DOMAIN_MAP)["response"] == "sample 1"
 
 
 def test_vllm_parameters_reach_the_upstream_as_sent_and_usage_is_logged_whether_asked_or_not(gateway):

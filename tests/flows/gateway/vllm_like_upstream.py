@@ -10,6 +10,10 @@ serve cannot reason, call several tools at once or break a tool call on purpose)
   finish_reason `length`;
 - `tools`: two parallel tool calls, `content` null, finish_reason `tool_calls`;
 - `broken-tool`: one tool call whose arguments are not JSON (a real model's slip);
+- `hermes-unparsed`, `llama3-unparsed`, `mistral-unparsed`: a call whose JSON the tool
+  parser could not read, handed back as `content` (no `tool_calls`, finish_reason `stop`)
+  as vLLM's parsers do in a reply not streamed (a stream's parser sends partial calls);
+- `samples`: each choice says its index (`sample 0`, `sample 1`, ...);
 - `echo`: the body the upstream received, as the reply's content;
 - anything else: a plain answer.
 Every reply has `n` choices and, when asked (`logprobs`, `top_logprobs`), per-token
@@ -29,10 +33,20 @@ from tests.flows.gateway.upstream_handler import ScriptedUpstream
 USAGE = {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}
 THOUGHT = "The user asks for 2+2. Adding gives 4."
 CALLS = [("get_weather", '{"city": "Oslo", "unit": "celsius"}'), ("get_time", '{"tz": "Europe/Oslo"}')]
+UNPARSED = {  # hermes and llama3_json return the whole output, mistral drops its [TOOL_CALLS] token
+    "hermes-unparsed": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}\n'
+                       '</tool_call>',
+    "llama3-unparsed": '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}',
+    "mistral-unparsed": "[{\"name\": \"get_weather\", \"arguments\": {\"city\": 'Oslo'}}]",
+}
 
 
-def message(mode: str, request: dict) -> tuple[dict, str]:
+def message(mode: str, request: dict, index: int = 0) -> tuple[dict, str]:
     """(the choice's message, its finish_reason) for a mode."""
+    if isinstance(mode, str) and mode in UNPARSED:  # a content of parts (an image) is a list
+        return {"role": "assistant", "content": UNPARSED[mode]}, "stop"
+    if mode == "samples":
+        return {"role": "assistant", "content": f"sample {index}"}, "stop"
     if mode in ("reasoning", "reasoning-content"):
         name = "reasoning" if mode == "reasoning" else "reasoning_content"
         return {"role": "assistant", "content": "The answer is 4.", name: THOUGHT}, "stop"
@@ -62,7 +76,7 @@ def completion(version: str, request: dict) -> dict:
     mode = request["messages"][-1]["content"]
     choices = []
     for index in range(request.get("n") or 1):
-        reply, finish = message(mode, request)
+        reply, finish = message(mode, request, index)
         wants = request.get("logprobs") and reply.get("content")
         choices.append({"index": index, "message": reply, "finish_reason": finish, "stop_reason": None,
                         "logprobs": logprobs(reply["content"], request.get("top_logprobs") or 0) if wants else None})

@@ -191,6 +191,37 @@ def test_feedback_joins_its_call_from_an_earlier_or_a_later_file(lake_settings, 
     assert _counts(con)["quarantine"] == 0
 
 
+def test_an_unparsed_tool_call_and_feedback_on_a_later_choice_land_as_their_logs(lake_settings, landing):
+    unparsed = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}\n</tool_call>'
+    sampled = call(2, "71")
+    sampled["request"]["n"] = 2
+    sampled["response"]["choices"].append({"index": 1, "message": {"role": "assistant", "content": "70"},
+                                           "finish_reason": "stop"})
+    records = [call(1, unparsed, **weather_tool()), sampled,
+               {**feedback(2, 3, correction={"answer": "72"}), "choice": 1}]
+    con = open_lake(lake_settings)
+    result = ingest_source(con, lake_settings, str(write_gateway_file(landing, records)), CFG, "c1")
+    assert (result.interactions, result.feedback, result.rows_ok, result.rows_quarantined) == (2, 1, 2, 0)
+    assert _rows(con, "SELECT request_id, failure_kind, response FROM lake.failure_logs ORDER BY 1") == [
+        ("chatcmpl-1:tool_call", "tool_call", unparsed), ("chatcmpl-2:feedback", "feedback", "70")]
+
+
+def test_feedback_on_a_later_choice_that_arrives_before_its_call_judges_that_choice(lake_settings, landing):
+    """The lake's feedback row keeps its `choice`: when the call lands in a later file, the
+    log is about the sample the user judged, not choice 0."""
+    sampled = call(2, "71")
+    sampled["request"]["n"] = 2
+    sampled["response"]["choices"].append({"index": 1, "message": {"role": "assistant", "content": "70"},
+                                           "finish_reason": "stop"})
+    con = open_lake(lake_settings)
+    first = ingest_source(con, lake_settings, str(write_gateway_file(
+        landing, [{**feedback(2, 3, correction={"answer": "72"}), "choice": 1}])), CFG, "c1")
+    assert (first.feedback, first.rows_ok) == (1, 0)  # its call is not in yet
+    assert _rows(con, "SELECT choice FROM lake.feedback") == [(1,)]
+    ingest_source(con, lake_settings, str(write_gateway_file(landing, [sampled])), CFG, "c1")
+    assert _rows(con, "SELECT request_id, response FROM lake.failure_logs") == [("chatcmpl-2:feedback", "70")]
+
+
 def test_broken_lines_are_quarantined_and_the_rest_lands(lake_settings, landing):
     bad_record = json.dumps({**call(8, "x"), "seq": "eight"})
     path = write_gateway_file(landing, [call(1, "71")],

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from tasks.ingest.gateway_records import feedback_problem
 from tasks.ingest.signals import call_failures, feedback_failure, feedback_row, interaction_row, is_trainable
 from verifiers.registry import DEFAULT_DOMAIN_MAP, VERIFIERS, self_test, verify
 
@@ -253,6 +254,25 @@ def test_a_corrections_domain_wins_only_when_known():
 def test_feedback_without_a_usable_negative_correction_is_no_failure(said):
     fb = {**feedback(), **said}
     assert feedback_failure(fb, call("71"), DOMAINS) is None and not is_trainable(fb)
+
+
+def test_feedback_on_an_n_sample_call_is_about_the_choice_it_names_else_the_first():
+    many = call("71", n=3)
+    many["response"]["choices"] += [{"index": i, "message": {"role": "assistant", "content": text},
+                                     "finish_reason": "stop"} for i, text in ((1, "70"), (2, "73"))]
+    said = feedback({"answer": "72"})
+    assert feedback_failure(said, many, DOMAINS)["response"] == "71"
+    assert feedback_failure({**said, "choice": 2}, many, DOMAINS)["response"] == "73"
+    # a record the gateway did not write may name a choice the call lacks: the correction stands
+    assert feedback_failure({**said, "choice": 5}, many, DOMAINS)["response"] == ""
+
+
+@pytest.mark.parametrize("choice, problem", [
+    (None, None), (0, None), (2, None), (-1, "`choice` must be the index"), (True, "`choice` must be the index"),
+    ("1", "`choice` must be the index"), (1.0, "`choice` must be the index")])
+def test_feedback_may_name_its_choice_by_index(choice, problem):
+    said = feedback_problem({"id": "chatcmpl-1", "label": "bad", "choice": choice})
+    assert said == problem if problem is None else said.startswith(problem)
 
 
 def test_a_low_score_with_a_correction_is_negative():
