@@ -58,7 +58,8 @@ def _choice_failures(call: dict, message: dict, finish_reason, id_prefix: str) -
     text = text_of(message.get("content"))
     # A reply that only calls tools has not answered yet: the format binds the answer. A
     # call the model wrote as text, which the server could not parse, is no answer either.
-    answered = (bool(text) or not message.get("tool_calls")) and written_call(request, text) is None
+    written = written_call(request, text)
+    answered = (bool(text) or not message.get("tool_calls")) and written is None
     if schema is not None and answered:
         problem = object_problem(text, schema) if text.strip() else no_answer(message, finish_reason)
         if problem:
@@ -66,7 +67,7 @@ def _choice_failures(call: dict, message: dict, finish_reason, id_prefix: str) -
                 call, f"{id_prefix}json", kind="json", domain="json", detail=problem, reference={"schema": schema},
                 messages=prompt_messages(request, JSON_LINE.format(schema=json_text(schema))),
                 response=reply_text(message)))
-    for tool in tool_failures(request, message, text):
+    for tool in tool_failures(request, message, text, written):
         failures.append(_failure_log(
             call, id_prefix + tool.id_suffix, kind="tool_call", domain="json", detail=tool.detail,
             reference={"schema": tool.schema},

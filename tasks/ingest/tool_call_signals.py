@@ -65,15 +65,15 @@ class WrittenCall:
     payload: str
 
 
-def tool_failures(request: dict, message: dict, text: str) -> list[ToolFailure]:
+def tool_failures(request: dict, message: dict, text: str, written: WrittenCall | None) -> list[ToolFailure]:
     """The failures of one reply's tool calls: each call the server returned, or else the
-    call the model wrote as text (`text`: the reply's content as text)."""
+    call the model wrote as text (`text`: the reply's content as text; `written`: what
+    `written_call` found in it, which the caller also needs)."""
     tools = request_tools(request)
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls:
         failures = (_returned_failure(tools, tool_call, index) for index, tool_call in enumerate(calls))
         return [failure for failure in failures if failure]
-    written = written_call(request, text)
     failure = _written_failure(request, tools, written, text) if written else None
     return [failure] if failure else []
 
