@@ -43,13 +43,14 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("batch_id", pa.string()), ("line_no", pa.int64()), ("raw", pa.string()),
         ("kind", pa.string()), ("reason", pa.string())),
     # one row per call the gateway logged (tasks/ingest/gateway_records.py);
-    # failure_kinds: the signals it failed (tasks/ingest/signals.py), empty when none
+    # failure_kinds: the signals it failed (tasks/ingest/signals.py), empty when none;
+    # api: "chat" (chat completions; null in rows from before the column) or "responses"
     "interactions": _schema(
         ("completion_id", pa.string()), ("gateway", pa.string()), ("seq", pa.int64()), ("ts", _TS),
         ("model_version", pa.string()), ("status", pa.int32()), ("stream", pa.bool_()),
         ("latency_ms", pa.float64()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
         ("failure_kinds", pa.list_(pa.string())), ("request", _JSON), ("response", _JSON),
-        ("batch_id", pa.string())),
+        ("batch_id", pa.string()), added=(("api", pa.string()),)),
     # one row per feedback on a call (the first one the gateway got for it); trainable:
     # negative with a usable correction, so it is a failure log once its call is in the lake
     "feedback": _schema(

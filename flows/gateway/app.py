@@ -2,6 +2,8 @@
 
 - `POST /v1/chat/completions`: streaming or not; `response_format`, `tools` and every other
   parameter pass through to the upstream (flows/gateway/calls.py).
+- `POST /v1/responses`: OpenAI's Responses API, streaming or not, passed to the upstream's
+  own (vLLM serves it); what a chat log cannot hold is refused (flows/gateway/responses.py).
 - `GET /v1/models`: the one model clients name (`model_name`), whichever version serves it.
 - `POST /v1/feedback`: a completion id plus a label or score, an optional correction, a
   comment, and which choice of an `n` > 1 call it is about (tasks/ingest/gateway_records.py);
@@ -35,6 +37,7 @@ from flows.gateway import calls
 from flows.gateway.config import GatewayConfig
 from flows.gateway.limits import RateLimiter
 from flows.gateway.replicas import forwarded, pass_feedback_on
+from flows.gateway.responses import respond
 from flows.gateway.shipping import Shipper, ShippingConfig
 from flows.gateway.spool import Spool, UnknownCall, UnknownChoice
 from flows.gateway.upstreams import Upstream, UpstreamError, UpstreamPool, base_url, probe
@@ -42,6 +45,7 @@ from flows.http_server import CLIENT_IDLE_S
 from flows.json_body import parse_json_body
 from storage.settings import LakeSettings
 from tasks.ingest.gateway_records import feedback_problem
+from tasks.ingest.responses_api import request_problem
 
 log = logging.getLogger("flywheel.gateway")
 
@@ -183,6 +187,25 @@ def chat_problem(body: dict, cfg: GatewayConfig) -> str | None:
     return None
 
 
+def responses_problem(body: dict, cfg: GatewayConfig) -> str | None:
+    """Why a Responses API request is not served here, or None: the gateway logs every
+    call as the conversation it is, so what would leave that conversation elsewhere
+    (a response stored upstream, a conversation object, a background job) is refused."""
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name) is not None:
+            return (f"`{name}` is not served: this gateway stores no responses; send the whole conversation "
+                    "as `input` (earlier turns' output items included) and leave it out")
+    if body.get("background"):
+        return "`background` responses are not served: make the call in the foreground (or stream it)"
+    if isinstance(body.get("input"), list) and len(body["input"]) > cfg.max_messages:
+        return f"at most {cfg.max_messages} input items per request, got {len(body['input'])}"
+    if body.get("model") not in (None, cfg.model_name):
+        return f"unknown model {body.get('model')!r}; this gateway serves {cfg.model_name!r}"
+    if body.get("stream") not in (None, True, False):
+        return f"`stream` must be true or false, got {body['stream']!r}"
+    return request_problem(body)
+
+
 def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
     gateway = Gateway(cfg, settings)
 
@@ -221,14 +244,27 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
         return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica,
                                     gone=request.is_disconnected)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        if refused := gateway.refuse(request) or gateway.throttle(request):
+            return refused
+        body = await gateway.read_json(request)
+        if isinstance(body, JSONResponse):
+            return body
+        problem = responses_problem(body, cfg)
+        if problem:
+            return error(422, problem)
+        return await respond(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica,
+                             gone=request.is_disconnected)
+
     @app.post("/v1/feedback")
     async def feedback(request: Request):
         return await record_feedback(gateway, request)
 
     @app.exception_handler(HTTPException)
     async def no_such_route(_request: Request, exc: HTTPException) -> JSONResponse:
-        return error(exc.status_code, f"{exc.detail}: this gateway serves /v1/chat/completions, /v1/models, "
-                                      "/v1/feedback and /health", code="unknown_route")
+        return error(exc.status_code, f"{exc.detail}: this gateway serves /v1/chat/completions, /v1/responses, "
+                                      "/v1/models, /v1/feedback and /health", code="unknown_route")
 
     add_admin_routes(app, gateway)
     return app

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import anyio
@@ -64,11 +65,26 @@ UNREACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError, httpx.R
              httpx.RemoteProtocolError)
 
 
-def new_completion_id(replica: str = "") -> str:
-    return f"chatcmpl-{replica}-{uuid.uuid4().hex}" if replica else f"chatcmpl-{uuid.uuid4().hex}"
+@dataclass(frozen=True)
+class Api:
+    """One OpenAI API the gateway serves: where the upstream answers it, how its ids start,
+    what every forwarded body of it carries, and the `api` its call records name."""
+
+    path: str
+    id_prefix: str
+    record_api: str | None = None
+    """None: a chat completion (records without `api`)."""
+    overrides: tuple[tuple[str, object], ...] = ()
 
 
-_NAMED_ID = re.compile(r"chatcmpl-([a-z0-9]{1,32})-[0-9a-f]{32}")
+CHAT = Api("/v1/chat/completions", "chatcmpl-")
+
+
+def new_completion_id(replica: str = "", prefix: str = CHAT.id_prefix) -> str:
+    return f"{prefix}{replica}-{uuid.uuid4().hex}" if replica else f"{prefix}{uuid.uuid4().hex}"
+
+
+_NAMED_ID = re.compile(r"(?:chatcmpl-|resp_)([a-z0-9]{1,32})-[0-9a-f]{32}")
 
 
 def replica_of(completion_id: str) -> str:
@@ -83,10 +99,11 @@ def utc_now() -> str:
 
 
 def call_record(completion_id: str, received: str, upstream: Upstream, request: dict, response: dict,
-                stream: bool, started: float) -> dict:
+                stream: bool, started: float, api: Api = CHAT) -> dict:
     return {"type": "call", "id": completion_id, "ts": received, "model_version": upstream.version,
             "request": request, "response": response, "status": 200, "stream": stream,
-            "latency_ms": round((time.perf_counter() - started) * 1000, 3), "usage": response.get("usage")}
+            "latency_ms": round((time.perf_counter() - started) * 1000, 3), "usage": response.get("usage"),
+            **({"api": api.record_api} if api.record_api else {})}
 
 
 def upstream_error(exc: Exception, upstream: Upstream, earlier: str = "") -> JSONResponse:
@@ -104,7 +121,7 @@ def passthrough(response: httpx.Response) -> JSONResponse:
     return JSONResponse(body, status_code=response.status_code)
 
 
-async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient,
+async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient, api: Api = CHAT,
                     **overrides) -> tuple[AsyncExitStack, Upstream, httpx.Response] | JSONResponse:
     """POST the call to the upstream the pool chooses and, if that one is UNREACHED, once to
     the pool's other upstream. Returns as soon as a response head is in, with the lease on
@@ -115,9 +132,9 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
         try:
             async with AsyncExitStack() as held:
                 await held.enter_async_context(pool.lease(upstream))
-                response = await client.send(client.build_request(
-                    "POST", f"{upstream.url}/v1/chat/completions", json=upstream.forward_body(request, **overrides)),
-                    stream=True)
+                body = upstream.forward_body(request, **dict(api.overrides), **overrides)
+                response = await client.send(client.build_request("POST", f"{upstream.url}{api.path}", json=body),
+                                             stream=True)
                 return held.pop_all(), upstream, response
         except httpx.HTTPError as exc:
             if not isinstance(exc, UNREACHED) or earlier:
@@ -134,11 +151,19 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
 async def complete(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient,
                    spool: Spool, replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None,
                    ) -> JSONResponse | StreamingResponse:
-    """gone: says whether the client has hung up (Starlette's `request.is_disconnected`)."""
-    received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id(replica)
+    """A chat completion. gone: says whether the client has hung up (Starlette's
+    `request.is_disconnected`)."""
     if request.get("stream"):
-        return await _stream(request, model_name, pool, client, spool, (received, started, completion_id))
-    sent = await send_call(request, pool, client)
+        call = (utc_now(), time.perf_counter(), new_completion_id(replica))
+        return await _stream(request, model_name, pool, client, spool, call)
+    return await answer(request, model_name, pool, client, spool, replica, gone)
+
+
+async def answer(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
+                 replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None, api: Api = CHAT) -> JSONResponse:
+    """An unstreamed call of `api`: its reply, logged before the client gets it."""
+    received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id(replica, api.id_prefix)
+    sent = await send_call(request, pool, client, api)
     if isinstance(sent, JSONResponse):
         return sent
     lease, upstream, response = sent
@@ -152,17 +177,17 @@ async def complete(request: dict, model_name: str, pool: UpstreamPool, client: h
     if response.status_code != 200:
         return passthrough(response)
     try:
-        body = _reply_object(response.content)
+        body = reply_object(response.content)
     except ValueError as exc:
         return upstream_error(exc, upstream)
     if gone is not None and await gone():
         return JSONResponse({}, status_code=499)  # nobody to send it to; nginx's "client closed request"
     body = {**body, "id": completion_id, "model": model_name}
-    await spool.append_call(call_record(completion_id, received, upstream, request, body, False, started))
+    await spool.append_call(call_record(completion_id, received, upstream, request, body, False, started, api))
     return JSONResponse(body, headers={VERSION_HEADER: upstream.version})
 
 
-def _reply_object(content: bytes) -> dict:
+def reply_object(content: bytes) -> dict:
     parsed = parse_json_body(content)
     if not isinstance(parsed, dict):
         raise ValueError(f"its reply is JSON but no object: {content[:200]!r}")
@@ -237,7 +262,7 @@ async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: U
             if data == "[DONE]":
                 break
             try:
-                chunk = _reply_object(data.encode())
+                chunk = reply_object(data.encode())
             except ValueError as exc:  # a proxy's page or a broken server mid-stream: end it as vLLM would
                 chunk = {"error": {"message": f"upstream {upstream.version} sent a chunk that is no JSON object: "
                                               f"{exc}", "type": "upstream_error", "param": None, "code": 502}}

@@ -16,8 +16,9 @@ Tables:
   meta(key, value)             the gateway id (made once) and the last seq handed out
   records(seq, appended_at, size, record)   the JSON of records not yet shipped
   calls(id, seq, choices)      every call ever logged: feedback joins to it after shipping;
-                               choices: how many its response has (NULL: logged before
-                               spools counted them, so a feedback's `choice` goes unchecked)
+                               choices: how many its response has (a Responses API call
+                               has one; NULL: logged before spools counted them, so a
+                               feedback's `choice` goes unchecked)
   feedback(id, seq, record)    every feedback ever logged; the JSON is kept so a repeated
                                feedback gets the stored one back even after shipping
   batches(first_seq, last_seq, key, shipped_at)
@@ -46,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.ingest.gateway_records import GATEWAY_FOLDER, RECORD_TYPES
+from tasks.ingest.responses_api import RESPONSES
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -289,8 +291,8 @@ class Spool:
         stored = self._insert_record(con, record)
         response = record.get("response")
         choices = response.get("choices") if isinstance(response, dict) else None
-        con.execute("INSERT INTO calls (id, seq, choices) VALUES (?, ?, ?)",
-                    (record["id"], stored["seq"], len(choices) if isinstance(choices, list) else None))
+        count = len(choices) if isinstance(choices, list) else 1 if record.get("api") == RESPONSES else None
+        con.execute("INSERT INTO calls (id, seq, choices) VALUES (?, ?, ?)", (record["id"], stored["seq"], count))
         return stored["seq"]
 
     def _insert_feedback(self, record: dict, con: sqlite3.Connection) -> tuple[dict, bool]:

@@ -54,6 +54,7 @@ from storage.schemas import SCHEMAS
 from storage.settings import LakeSettings
 from tasks.ingest.batch import BatchResult, IngestConfig, ingest_file
 from tasks.ingest.gateway_records import FEEDBACK_FIELDS, RECORD_TYPES, feedback_problem
+from tasks.ingest.responses_api import RESPONSES, chat_view, request_problem
 from tasks.ingest.signals import (call_failures, feedback_failure, feedback_row, interaction_row, is_trainable,
                                   json_text, parse_ts)
 from tasks.ingest.sources import local_version
@@ -131,13 +132,13 @@ def derive_failure_logs(new_calls: dict[str, dict], known_calls: dict[str, dict]
     """
     logs, kinds = [], {}
     for completion_id, call in new_calls.items():
-        failures = call_failures(call)
+        failures = call_failures(chat_view(call))
         kinds[completion_id] = list(dict.fromkeys(f["failure"]["kind"] for f in failures))
         logs += failures
     pairs = [(fb, known_calls.get(i)) for i, fb in new_feedback.items()]
     pairs += [(waiting[i], call) for i, call in new_calls.items() if i in waiting]
     for fb, call in pairs:
-        log = feedback_failure(fb, call, domains) if call is not None else None
+        log = feedback_failure(fb, chat_view(call), domains) if call is not None else None
         if log is not None:
             logs.append(log)
     return logs, kinds
@@ -226,7 +227,13 @@ def record_problem(record: dict) -> str | None:
         value = record.get(name)
         if not isinstance(value, expected) or isinstance(value, bool):
             return f"call `{name}` must be {expected.__name__}, got {type(value).__name__}"
-    if not isinstance(record["request"].get("messages"), list):
+    if record.get("api") not in (None, RESPONSES):
+        return f"call `api` must be {RESPONSES!r} or absent (a chat completion), got {record['api']!r}"
+    if record.get("api") == RESPONSES:
+        problem = request_problem(record["request"])
+        if problem:
+            return f"call `request` (Responses API): {problem}"
+    elif not isinstance(record["request"].get("messages"), list):
         return "call `request.messages` must be an array"
     if record.get("response") is not None and not isinstance(record["response"], dict):
         return "call `response` must be an object or null"
@@ -235,11 +242,12 @@ def record_problem(record: dict) -> str | None:
 
 def lake_calls(con: duckdb.DuckDBPyConnection, ids: list[str]) -> dict[str, dict]:
     """The call records in `interactions` with these completion ids, rebuilt as records."""
-    rows = _lake_rows(con, "interactions", "completion_id, gateway, seq, ts, model_version, status, request, response",
-                      ids)
+    rows = _lake_rows(con, "interactions",
+                      "completion_id, gateway, seq, ts, model_version, status, request, response, api", ids)
     return {row[0]: {"type": "call", "id": row[0], "gateway": row[1], "seq": row[2], "ts": _iso(row[3]),
                      "model_version": row[4], "status": row[5], "request": json.loads(row[6]),
-                     "response": None if row[7] is None else json.loads(row[7])} for row in rows}
+                     "response": None if row[7] is None else json.loads(row[7]),
+                     **({"api": row[8]} if row[8] else {})} for row in rows}
 
 
 def lake_feedback(con: duckdb.DuckDBPyConnection, ids: list[str]) -> dict[str, dict]:

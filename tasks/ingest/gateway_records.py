@@ -5,7 +5,10 @@ and ships them, in spool order, as JSONL.gz files under `<landing>/gateway/`. A 
 is one JSON object with `type`:
 
 call
-    id            the completion id the client received (`chatcmpl-...`)
+    id            the completion id the client received (`chatcmpl-...`; `resp_...`
+                  for a Responses API call)
+    api           absent for a chat completion; "responses" for a Responses API call,
+                  whose request and response are that API's (tasks/ingest/responses_api.py)
     seq           the spool's sequence number (per gateway, increasing, never reused)
     gateway       the gateway's id (a spool keeps it across restarts)
     ts            when the request arrived, ISO 8601 UTC with `Z`
@@ -13,7 +16,8 @@ call
     request       the request body as the client sent it (messages, response_format,
                   tools, sampling parameters); never the Authorization header
     response      the chat.completion the client received; a streamed answer is
-                  assembled from its chunks into the same shape
+                  assembled from its chunks into the same shape (a Responses call:
+                  the `response` object, a stream's from its last event)
     status        HTTP status returned to the client (only 200 calls are answered calls)
     stream        whether the client asked for a stream
     latency_ms    from request received to response complete
@@ -75,7 +79,7 @@ def feedback_problem(body: Any) -> str | None:
     if not isinstance(body, dict):
         return "feedback must be a JSON object"
     if not isinstance(body.get("id"), str) or not body["id"]:
-        return "needs `id`: the completion id the client received (chatcmpl-...)"
+        return "needs `id`: the completion id the client received (chatcmpl-..., or resp_... from /v1/responses)"
     label, score = body.get("label"), body.get("score")
     if label is None and score is None:
         return "needs `label` (\"good\" or \"bad\") or `score` (a number in [0, 1])"

@@ -31,6 +31,7 @@ from datetime import datetime
 
 from tasks.ingest.gateway_records import CORRECTION_KINDS, correction_problem, is_negative
 from tasks.ingest.json_replies import OBJECT_SCHEMA, json_text, object_problem, short, usable_schema
+from tasks.ingest.responses_api import chat_view
 from tasks.ingest.tool_call_signals import TOOL_LINE, tool_failures, written_call
 
 JSON_LINE = "Reply with only a JSON object that matches this JSON Schema: {schema}"
@@ -105,15 +106,18 @@ def is_trainable(feedback: dict) -> bool:
 
 
 def interaction_row(call: dict, failure_kinds: list[str]) -> dict:
-    """An `interactions` row (without `batch_id` and `cycle_id`, which the batch adds)."""
-    usage = call.get("usage") if isinstance(call.get("usage"), dict) else {}
+    """An `interactions` row (without `batch_id` and `cycle_id`, which the batch adds): the
+    request and response as they were said, whichever API said them; usage in chat's names."""
+    usage = chat_view(call).get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     return {"completion_id": call["id"], "gateway": call.get("gateway"), "seq": call.get("seq"),
             "ts": parse_ts(call["ts"]), "model_version": call.get("model_version"), "status": call.get("status"),
             "stream": call.get("stream"), "latency_ms": call.get("latency_ms"),
             "prompt_tokens": _count(usage.get("prompt_tokens")),
             "completion_tokens": _count(usage.get("completion_tokens")),
             "failure_kinds": list(failure_kinds), "request": json_text(call["request"]),
-            "response": None if call.get("response") is None else json_text(call["response"])}
+            "response": None if call.get("response") is None else json_text(call["response"]),
+            "api": call.get("api") or "chat"}
 
 
 def feedback_row(feedback: dict, became_failure: bool) -> dict:
