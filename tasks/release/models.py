@@ -7,9 +7,12 @@ is on S3, so any worker can load any version.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import shutil
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -202,28 +205,44 @@ def import_model(con: duckdb.DuckDBPyConnection, settings: LakeSettings, source:
         dtype = convert(path, staging, dtype, adapter)
         version = folder_version(staging)
         final = settings.home / "models" / version
-        known = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()
-        if known is not None:
-            # Its stored folder deleted by hand (a disk cleaned): the same version is the same
-            # bytes, so they go back where the row points, not "nothing changed" over a hole.
-            if known[0] == str(final.resolve()) and not (final / "config.json").exists():
-                _put_in_place(staging, final)
-            return version, False
-        _put_in_place(staging, final)
+        # Two imports of one model at once (two deploy jobs) would both find no row and both
+        # append one; the check, the folder and the row are one step per home.
+        with _import_lock(settings):
+            known = con.execute("SELECT uri FROM lake.models WHERE policy_version = ?", [version]).fetchone()
+            if known is not None:
+                # Its stored folder deleted by hand (a disk cleaned): the same version is the same
+                # bytes, so they go back where the row points, not "nothing changed" over a hole.
+                if known[0] == str(final.resolve()) and not (final / "config.json").exists():
+                    _put_in_place(staging, final)
+                return version, False
+            _put_in_place(staging, final)
+            origin = (adapter or path).resolve()
+            # An adapter's model is two sources: its digest is of both (the adapter's, then the base's).
+            digest = source_digest(path) if adapter is None else hashlib.sha256(
+                (source_digest(adapter) + source_digest(path)).encode()).hexdigest()
+            reason = f"imported from {path.name} as {dtype}" if adapter is None else \
+                f"imported from adapter {adapter.name} merged into {parent or path.name} as {dtype}"
+            try:
+                record_model(con, settings, final, version, "imported", reason, str(origin), digest, cycle_id,
+                             parent)
+            except BaseException:  # not recorded, so no one uses it: a folder left here would look imported
+                shutil.rmtree(final, ignore_errors=True)
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    origin = (adapter or path).resolve()
-    # An adapter's model is two sources: its digest is of both (the adapter's, then the base's).
-    digest = source_digest(path) if adapter is None else hashlib.sha256(
-        (source_digest(adapter) + source_digest(path)).encode()).hexdigest()
-    reason = f"imported from {path.name} as {dtype}" if adapter is None else \
-        f"imported from adapter {adapter.name} merged into {parent or path.name} as {dtype}"
-    try:
-        record_model(con, settings, final, version, "imported", reason, str(origin), digest, cycle_id, parent)
-    except BaseException:  # not recorded, so no one uses it: a folder left here would look imported
-        shutil.rmtree(final, ignore_errors=True)
-        raise
     return version, True
+
+
+@contextlib.contextmanager
+def _import_lock(settings: LakeSettings) -> Iterator[None]:
+    """Imports into one FLYWHEEL_HOME, one at a time (a kernel lock: a killed import frees it).
+    Machines with homes of their own that share a lake are not ordered by it."""
+    with (settings.home / "model-import.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def adapter_base(con: duckdb.DuckDBPyConnection, settings: LakeSettings, adapter: Path,

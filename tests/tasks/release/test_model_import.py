@@ -335,3 +335,36 @@ def test_by_default_a_folder_keeps_its_dtype_and_its_weight_bytes(lake_settings,
     assert (stored / "model.safetensors").read_bytes() == (half / "model.safetensors").read_bytes()
     assert json.loads((stored / "config.json").read_text())["dtype"] == "bfloat16"
     assert reason == "imported from bf16 as bfloat16"
+
+
+def test_two_imports_of_one_model_at_once_record_it_once(lake_settings, tiny, monkeypatch):
+    """Two deploy jobs importing the same model: each finds no row before the other records
+    one (the folder's move held long enough for both to get there), yet one row is kept."""
+    import threading
+    import time
+
+    from tasks.release import models
+
+    put_in_place = models._put_in_place
+    monkeypatch.setattr(models, "_put_in_place", lambda staging, final: (time.sleep(1.0), put_in_place(staging, final)))
+    results, errors = [], []
+
+    def run() -> None:
+        try:
+            con = open_lake(lake_settings)
+            results.append(import_model(con, lake_settings, str(tiny), "float32"))
+            con.close()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    open_lake(lake_settings).close()  # the lake made first: the race here is the import's, not the catalog's
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    assert sorted(new for _, new in results) == [False, True] and len({v for v, _ in results}) == 1
+    con = open_lake(lake_settings, read_only=True)
+    assert con.execute("SELECT count(*) FROM lake.models").fetchone()[0] == 1
+    assert (lake_settings.home / "models" / results[0][0] / "config.json").exists()
