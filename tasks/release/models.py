@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -77,9 +78,32 @@ def local_model_dir(settings: LakeSettings, con: duckdb.DuckDBPyConnection, vers
         return Path(uri)
     cache = settings.home / "models" / version
     if not (cache / "config.json").exists():
-        bucket, prefix = parse_s3_uri(uri)
-        ObjectStore(settings).download_dir(bucket, prefix, cache)
+        _download(settings, uri, cache)
+    # Handed out now: lake maintenance leaves a copy handed out within its grace alone
+    # (tasks/release/retention.py: drop_local_copies), as it does a file a reader may scan.
+    os.utime(cache)
     return cache
+
+
+def _download(settings: LakeSettings, uri: str, cache: Path) -> None:
+    """The bucket's folder at `cache`, whole or not at all: downloaded beside it and renamed
+    into place, so a download killed midway (a preempted worker) leaves no folder whose
+    config.json says it is there while its weights are not."""
+    bucket, prefix = parse_s3_uri(uri)
+    staging = cache.with_name(f".download-{uuid.uuid4().hex[:12]}")
+    try:
+        ObjectStore(settings).download_dir(bucket, prefix, staging)
+        if not (staging / "config.json").exists():
+            raise ModelNotFound(f"the bucket holds no model at {uri} (no config.json there)")
+        if cache.exists() and not (cache / "config.json").exists():
+            shutil.rmtree(cache)  # what a download by an older flywheel, killed midway, left
+        try:
+            staging.rename(cache)
+        except OSError:  # another process put the same bytes there first: theirs is as good
+            if not (cache / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def weights_deleted(version: str, when) -> str:

@@ -15,13 +15,15 @@ registered from the user's own folder is theirs).
 On a lake in a bucket, a model's folders on this machine (the train job's export it was
 uploaded from, a download) are copies: `drop_local_copies` deletes them, every time
 maintenance runs, for every model but production and those of running or failed cycles,
-once the bucket is seen to hold each file at its size. A job that needs one again
+once the bucket is seen to hold each file at its size and the copy was not made or handed
+out within `[maintenance] file_grace_hours` (an evaluation or a server may be loading it). A job that needs one again
 downloads it (tasks/release/models.py: local_model_dir). Without this, each round's
 export stayed on the trainer's disk for ever, rollback targets included.
 """
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -73,9 +75,13 @@ def drop_old_weights(con: duckdb.DuckDBPyConnection, settings: LakeSettings, day
     return WeightsDropped(dropped, freed)
 
 
-def drop_local_copies(con: duckdb.DuckDBPyConnection, settings: LakeSettings) -> WeightsDropped:
+def drop_local_copies(con: duckdb.DuckDBPyConnection, settings: LakeSettings, grace_hours: float = 24.0,
+                      now: float | None = None) -> WeightsDropped:
     """Delete this machine's copies of models kept in the bucket (the module docstring's
-    rule); `models` counts the models that had one."""
+    rule); `models` counts the models that had one. A copy handed out or made within
+    `grace_hours` (its folder's mtime: tasks/release/models.py: local_model_dir touches it)
+    is left alone: an evaluation or a server may be loading it now."""
+    cutoff = (time.time() if now is None else now) - grace_hours * 3600
     kept = con.execute(
         "SELECT m.policy_version, m.uri FROM lake.models m LEFT JOIN lake.cycles c USING (cycle_id) "
         "WHERE m.uri LIKE 's3://%' AND m.weights_deleted_at IS NULL AND m.status <> 'production' "
@@ -83,7 +89,7 @@ def drop_local_copies(con: duckdb.DuckDBPyConnection, settings: LakeSettings) ->
     store, dropped, freed = None, 0, 0
     for version, uri in kept:
         folders = [f for f in (model_dir(jobs_root(settings.home) / version), settings.home / "models" / version)
-                   if f.is_dir() and not f.is_symlink()]
+                   if f.is_dir() and not f.is_symlink() and f.stat().st_mtime < cutoff]
         store = store or ObjectStore(settings)
         held = {info.key: info.size for info in store.list(*_prefix(uri))} if folders else {}
         copies = [f for f in folders if _held_in_bucket(f, uri, held)]
@@ -123,9 +129,10 @@ def drop_configured_copies() -> WeightsDropped:
     settings = lake_settings()
     if not settings.uses_s3:
         return WeightsDropped(0, 0)
+    grace_hours = load_section(MaintenanceConfig, "maintenance").file_grace_hours
     con = open_lake(settings, read_only=True)
     try:
-        return drop_local_copies(con, settings)
+        return drop_local_copies(con, settings, grace_hours)
     finally:
         con.close()
 

@@ -1,4 +1,6 @@
 """Lake maintenance deletes the weights of models nothing serves, when asked, and says so after."""
+import os
+import time
 from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
@@ -14,6 +16,7 @@ from tasks.release.promote import ModelError, promote
 from tasks.release.retention import drop_local_copies, drop_old_weights
 
 NOW = datetime(2026, 12, 20, tzinfo=timezone.utc)
+DAY = 24 * 3600
 CYCLES = {"c-old": ("completed", 10), "c-new": ("completed", 1), "c-failed": ("failed", 10),
           "c-running": ("running", 0)}  # status, days ago
 
@@ -93,10 +96,52 @@ def test_on_a_bucket_lake_this_machines_copies_go_once_the_bucket_holds_them(s3_
     store.client.remove_object(settings.s3_bucket, "models/half-uploaded/model.safetensors")  # an upload cut short
     con = _lake(settings, models)
     cached = local_model_dir(settings, con, "retired")  # a job downloaded it once
-    dropped = drop_local_copies(con, settings)
+    assert drop_local_copies(con, settings).models == 0  # all made or handed out within the grace
+    dropped = drop_local_copies(con, settings, now=time.time() + DAY)
     assert (dropped.models, dropped.bytes) == (2, 3 * (1000 + 2))  # retired: export and download
     assert {v for v, f in exports.items() if f.exists()} == {"prod", "training", "half-uploaded"}
     assert not cached.exists()
     again = local_model_dir(settings, con, "retired")  # what a job that needs it again does
     assert (again / "model.safetensors").read_bytes() == b"w" * 1000
-    assert drop_local_copies(con, settings).models == 1  # only that download, the next time
+    assert drop_local_copies(con, settings, now=time.time() + DAY).models == 1  # only that download, next time
+
+
+def test_a_copy_handed_out_within_the_grace_is_kept_and_one_idle_past_it_goes(s3_lake_settings):
+    """An on-demand evaluation loads a candidate the maintenance schedule would delete: the
+    copy it was handed an hour ago stays; the same copy idle for a day goes."""
+    settings = s3_lake_settings
+    ObjectStore(settings).ensure_bucket()
+    uri = publish_model(settings, _folder(settings.home / "src" / "v"), "cand")
+    con = _lake(settings, [("cand", "candidate", "c-old", uri)])
+    copy = local_model_dir(settings, con, "cand")
+    hour_ago = time.time() - 3600
+    os.utime(copy, (hour_ago, hour_ago))
+    assert drop_local_copies(con, settings, grace_hours=24).models == 0 and copy.exists()
+    assert local_model_dir(settings, con, "cand") == copy  # handed out again: the grace starts again
+    assert copy.stat().st_mtime > hour_ago + 3000
+    two_days_ago = time.time() - 2 * DAY
+    os.utime(copy, (two_days_ago, two_days_ago))
+    assert drop_local_copies(con, settings, grace_hours=24).models == 1 and not copy.exists()
+
+
+def test_a_download_killed_midway_leaves_no_folder_that_looks_whole(s3_lake_settings, monkeypatch):
+    """A worker preempted while downloading a model: config.json (listed first) was in, the
+    weights not; the next job must download it again, not load a folder without weights."""
+    settings = s3_lake_settings
+    ObjectStore(settings).ensure_bucket()
+    uri = publish_model(settings, _folder(settings.home / "src" / "v"), "cand")
+    con = _lake(settings, [("cand", "candidate", "c-old", uri)])
+    download = ObjectStore.download
+
+    def killed(store, bucket, key, target):
+        if key.endswith("model.safetensors"):
+            raise KeyboardInterrupt  # the process stopped here
+        return download(store, bucket, key, target)
+
+    monkeypatch.setattr(ObjectStore, "download", killed)
+    with pytest.raises(KeyboardInterrupt):
+        local_model_dir(settings, con, "cand")
+    monkeypatch.setattr(ObjectStore, "download", download)
+    assert sorted(p.name for p in (settings.home / "models").iterdir()) == []
+    again = local_model_dir(settings, con, "cand")
+    assert (again / "model.safetensors").read_bytes() == b"w" * 1000
