@@ -2,7 +2,7 @@
 
 The same code serves the embedded default (a folder) and the cluster (S3 data, a
 PostgreSQL catalog); only these values differ. Reading `flywheel.toml` and
-`FLYWHEEL_*` variables is the CLI's job (flows/config.py); this module only says
+`FLYWHEEL_*` variables is storage/config_file.py's job; this module only says
 what a valid setting is.
 """
 from __future__ import annotations
@@ -42,7 +42,8 @@ class LakeSettings:
     duckdb_threads: int = 2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "home", Path(self.home))
+        # "~/.flywheel" in flywheel.toml or a .env file reaches here unexpanded (no shell saw it)
+        object.__setattr__(self, "home", Path(self.home).expanduser())
         if self.s3_endpoint:
             if "://" in self.s3_endpoint:
                 raise ValueError(

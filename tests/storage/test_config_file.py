@@ -27,6 +27,13 @@ def test_the_lake_keeps_its_short_variable_names_and_they_win(monkeypatch):
     assert (lake_settings(toml).home, lake_settings(toml).duckdb_threads) == (Path("/from/env"), 3)
 
 
+def test_a_home_written_with_a_tilde_is_the_users_home_not_a_folder_named_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert lake_settings({"lake": {"home": "~/.flywheel"}}).home == tmp_path / ".flywheel"
+    monkeypatch.setenv("FLYWHEEL_HOME", "~/lakes/a")  # a .env file's value: no shell expanded it
+    assert lake_settings({}).home == tmp_path / "lakes" / "a"
+
+
 @pytest.mark.parametrize("toml, message", [
     ({"lake": {"hme": "x"}}, r"^lake\.hme is not a setting; known: home, s3_endpoint,"),
     # before the loaders were one, a string here reached DuckDB's SET threads
