@@ -37,7 +37,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("request_id", pa.string()), ("ts", _TS), ("model", pa.string()), ("domain", pa.string()),
         ("verifier", pa.string()), ("messages", _JSON), ("response", pa.string()),
         ("failure_kind", pa.string()), ("failure_detail", pa.string()), ("reference", _JSON),
-        ("meta", _JSON)),
+        ("meta", _JSON),
+        # chat_template_kwargs: the chat template's arguments production rendered the prompt
+        # with (an object of JSON scalars, e.g. {"enable_thinking": false}); NULL: the defaults
+        added=(("chat_template_kwargs", _JSON),)),
     # every rejected line verbatim; `kind` is the machine-readable class of `reason`
     "quarantine": _schema(
         ("batch_id", pa.string()), ("line_no", pa.int64()), ("raw", pa.string()),
@@ -65,7 +68,9 @@ SCHEMAS: dict[str, pa.Schema] = {
     "tasks": _schema(
         ("task_id", pa.string()), ("domain", pa.string()), ("prompt", pa.string()),
         ("messages", _JSON), ("verifier", pa.string()), ("spec", _JSON),
-        ("source_log_ids", pa.list_(pa.string())), ("created_at", _TS)),
+        ("source_log_ids", pa.list_(pa.string())), ("created_at", _TS),
+        # chat_template_kwargs: its log's (rollouts render the prompt with them); NULL: the defaults
+        added=(("chat_template_kwargs", _JSON),)),
     # MinHash signature of each kept task, so a cycle hashes only its new logs;
     # signature = num_perm little-endian uint32, comparable only within one scheme
     "minhash_signatures": _schema(

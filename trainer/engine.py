@@ -117,28 +117,36 @@ class Sample:
 
 
 Domains = list[str | None] | None  # one per prompt: picks its completion budget
+# One per prompt: the chat template's arguments the prompt was rendered with in production
+# (Qwen3's {"enable_thinking": false}; None for the template's defaults). Rendering with
+# them is what makes the rolled-out prompt the one production sent.
+TemplateArgs = list[dict | None] | None
 
 
 def generate(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
-             domains: Domains = None, engine: WarmEngine | None = None) -> list[Sample]:
+             domains: Domains = None, engine: WarmEngine | None = None,
+             template_args: TemplateArgs = None) -> list[Sample]:
     """cfg.n samples for each prompt (chat messages), in prompt order then sample order."""
-    return generate_each([(model_dir, prompts)], cfg, [domains], engine)[0]
+    return generate_each([(model_dir, prompts)], cfg, [domains], engine, [template_args])[0]
 
 
 def generate_each(runs: list[tuple[str | Path, list[Messages]]], cfg: EngineConfig,
-                  domains: list[Domains] | None = None, engine: WarmEngine | None = None) -> list[list[Sample]]:
+                  domains: list[Domains] | None = None, engine: WarmEngine | None = None,
+                  template_args: list[TemplateArgs] | None = None) -> list[list[Sample]]:
     """`generate` for several (model_dir, prompts) runs; vLLM serves them all from one process:
     `engine`, else the process's shared warm engine when one is open and cfg.warm, else a
     worker process started for this call."""
     domains = domains or [None] * len(runs)
+    template_args = template_args or [None] * len(runs)
     if cfg.backend == "vllm":
         from trainer.warm_engine import shared
 
         engine = engine or (shared() if cfg.warm else None)
         vllm_runs = [(Path(m), p) for m, p in runs]
-        return (engine.generate_each(vllm_runs, cfg, domains) if engine
-                else generate_vllm_each(vllm_runs, cfg, domains))[0]
-    return [generate_transformers(Path(m), p, cfg, d) for (m, p), d in zip(runs, domains, strict=True)]
+        return (engine.generate_each(vllm_runs, cfg, domains, template_args) if engine
+                else generate_vllm_each(vllm_runs, cfg, domains, template_args))[0]
+    return [generate_transformers(Path(m), p, cfg, d, a)
+            for (m, p), d, a in zip(runs, domains, template_args, strict=True)]
 
 
 def budgets(cfg: EngineConfig, prompts: list[Messages], domains: Domains) -> list[int]:
@@ -154,13 +162,13 @@ class PromptError(ValueError):
 
 
 def prompt_fits(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
-                domains: Domains = None) -> list[bool]:
+                domains: Domains = None, template_args: TemplateArgs = None) -> list[bool]:
     """Whether each prompt can be sampled: it renders and leaves room for its completion budget."""
-    return [problem is None for problem in prompt_problems(model_dir, prompts, cfg, domains)]
+    return [problem is None for problem in prompt_problems(model_dir, prompts, cfg, domains, template_args)]
 
 
 def prompt_problems(model_dir: str | Path, prompts: list[Messages], cfg: EngineConfig,
-                    domains: Domains = None) -> list[str | None]:
+                    domains: Domains = None, template_args: TemplateArgs = None) -> list[str | None]:
     """Why each prompt cannot be sampled (PROMPT_TOO_LONG, PROMPT_UNRENDERABLE), None where it can.
 
     vLLM refuses a whole batch when one prompt is too long, and one prompt the template
@@ -172,9 +180,10 @@ def prompt_problems(model_dir: str | Path, prompts: list[Messages], cfg: EngineC
     cfg = cfg.for_model(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     problems: list[str | None] = []
-    for messages, budget in zip(prompts, budgets(cfg, prompts, domains), strict=True):
+    for messages, budget, args in zip(prompts, budgets(cfg, prompts, domains),
+                                      template_args or [None] * len(prompts), strict=True):
         try:
-            ids = encode_prompt(tokenizer, messages)
+            ids = encode_prompt(tokenizer, messages, args)
         except PromptError:
             problems.append(PROMPT_UNRENDERABLE)
             continue
@@ -182,19 +191,25 @@ def prompt_problems(model_dir: str | Path, prompts: list[Messages], cfg: EngineC
     return problems
 
 
-def encode_prompts(model_dir: Path, prompts: list[Messages]) -> list[list[int]]:
+def encode_prompts(model_dir: Path, prompts: list[Messages], template_args: TemplateArgs = None) -> list[list[int]]:
     """Apply the model's chat template, ending with the assistant turn's opening; PromptError
     for a prompt it cannot render (callers with prompts from data filter by prompt_problems)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return [encode_prompt(tokenizer, m) for m in prompts]
+    return [encode_prompt(tokenizer, m, a) for m, a in zip(prompts, template_args or [None] * len(prompts),
+                                                           strict=True)]
 
 
-def encode_prompt(tokenizer, messages: Messages) -> list[int]:
+def encode_prompt(tokenizer, messages: Messages, template_args: dict | None = None) -> list[int]:
     """One prompt's ids: the template's text, tokenised without the tokenizer's own special
     tokens (a template that writes BOS, as Llama 3's and Gemma's do, gets it once), which is
     what `apply_chat_template(tokenize=True)` and vLLM's chat endpoint give.
+
+    `template_args` are the template's variables production rendered the prompt with (vLLM's
+    `chat_template_kwargs`: Qwen3's `enable_thinking`), passed as that endpoint passes them;
+    ingest admits only names that are no parameter of `apply_chat_template`
+    (tasks/ingest/checks.py: REFUSED_TEMPLATE_ARGS), so they change the template's text only.
 
     Messages are rendered as they are, never rewritten to suit a template: the policy is
     served through the same template (vLLM's chat endpoint), so a prompt trained on is one
@@ -209,7 +224,8 @@ def encode_prompt(tokenizer, messages: Messages) -> list[int]:
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **(template_args or {}))
     # raise_exception ("System role not supported", "Conversation roles must alternate"), an
     # undefined field, or str + None (an assistant turn holding only tool_calls). Not
     # ValueError: transformers' "no chat template" is the model's fault, not this prompt's.
@@ -238,16 +254,17 @@ def dropped_tool_calls(messages: Messages, text: str) -> list[str]:
 
 
 def generate_vllm(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,
-                  domains: Domains = None) -> tuple[list[Sample], dict]:
+                  domains: Domains = None, template_args: TemplateArgs = None) -> tuple[list[Sample], dict]:
     """Samples plus the worker's timings (startup_s, generate_s, tokens_per_s)."""
-    samples, timings = generate_vllm_each([(model_dir, prompts)], cfg, [domains])
+    samples, timings = generate_vllm_each([(model_dir, prompts)], cfg, [domains], [template_args])
     return samples[0], timings[0]
 
 
 def generate_vllm_each(runs: list[tuple[Path, list[Messages]]], cfg: EngineConfig,
-                       domains: list[Domains] | None = None) -> tuple[list[list[Sample]], list[dict]]:
+                       domains: list[Domains] | None = None,
+                       template_args: list[TemplateArgs] | None = None) -> tuple[list[list[Sample]], list[dict]]:
     """Each run's samples plus its timings, from one vLLM worker process of their own."""
-    job = job_request(runs, cfg, domains)
+    job = job_request(runs, cfg, domains, template_args)
     with tempfile.TemporaryDirectory(prefix="flywheel-vllm-") as tmp:
         job_path, out, log = Path(tmp) / "job.json", Path(tmp) / "out.jsonl", Path(tmp) / "worker.log"
         job_path.write_text(json.dumps(job))
@@ -265,14 +282,17 @@ def generate_vllm_each(runs: list[tuple[Path, list[Messages]]], cfg: EngineConfi
 
 
 def job_request(runs: list[tuple[Path, list[Messages]]], cfg: EngineConfig,
-                domains: list[Domains] | None = None) -> dict:
-    """What the vLLM worker needs for `runs` (trainer/vllm_worker.py): tokenised prompts,
-    each prompt's budget, the model's context, dtype and stop tokens, the config."""
+                domains: list[Domains] | None = None, template_args: list[TemplateArgs] | None = None) -> dict:
+    """What the vLLM worker needs for `runs` (trainer/vllm_worker.py): tokenised prompts
+    (rendered here, with each prompt's template arguments, so the worker samples from these
+    very ids), each prompt's budget, the model's context, dtype and stop tokens, the config."""
     domains = domains or [None] * len(runs)
+    template_args = template_args or [None] * len(runs)
     job_runs = []
-    for (model_dir, prompts), run_domains in zip(runs, domains, strict=True):
+    for (model_dir, prompts), run_domains, run_args in zip(runs, domains, template_args, strict=True):
         model_cfg = cfg.for_model(model_dir)
-        job_runs.append({"model_dir": str(model_dir), "prompt_token_ids": encode_prompts(Path(model_dir), prompts),
+        job_runs.append({"model_dir": str(model_dir),
+                         "prompt_token_ids": encode_prompts(Path(model_dir), prompts, run_args),
                          "max_tokens": budgets(model_cfg, prompts, run_domains),
                          "max_model_len": model_cfg.max_model_len, "dtype": model_cfg.dtype,
                          "stop_token_ids": list(read_facts(model_dir).stop_token_ids)})
@@ -302,7 +322,7 @@ def read_outputs(out: Path, n_runs: int) -> tuple[list[list[Sample]], list[dict]
 
 
 def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineConfig,
-                          domains: Domains = None) -> list[Sample]:
+                          domains: Domains = None, template_args: TemplateArgs = None) -> list[Sample]:
     """Reference engine: plain multinomial sampling, the n samples of a prompt as one batch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -311,7 +331,7 @@ def generate_transformers(model_dir: Path, prompts: list[Messages], cfg: EngineC
     generator = torch.Generator().manual_seed(cfg.seed)
     stops = set(read_facts(model_dir).stop_token_ids)
     samples = []
-    for p_idx, (ids, budget) in enumerate(zip(encode_prompts(model_dir, prompts),
+    for p_idx, (ids, budget) in enumerate(zip(encode_prompts(model_dir, prompts, template_args),
                                               budgets(cfg, prompts, domains), strict=True)):
         group_cfg = replace(cfg, max_tokens=budget, max_tokens_by_domain={})
         tokens, logps, finished = sample_group(model, ids, group_cfg, stops, generator)

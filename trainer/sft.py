@@ -28,9 +28,11 @@ from trainer.rollout_data import RolloutDataError, batch_to, check_token_columns
 SFT_COLUMNS = ("task_id", "prompt_token_ids", "token_ids")
 
 
-def encode_sft(model_dir: str | Path, prompts: list[list[dict]], completions: list[str]) -> list[dict]:
+def encode_sft(model_dir: str | Path, prompts: list[list[dict]], completions: list[str],
+               template_args: list[dict | None] | None = None) -> list[dict]:
     """Token ids of each (prompt, reference completion): the prompt through the model's chat
-    template (as the engine encodes it), the completion plus the end-of-turn token."""
+    template with its template arguments (as the engine encodes it), the completion plus the
+    end-of-turn token."""
     from transformers import AutoTokenizer
 
     from trainer.engine import encode_prompts
@@ -39,7 +41,7 @@ def encode_sft(model_dir: str | Path, prompts: list[list[dict]], completions: li
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     end = template_end_of_turn(tokenizer)
     end = end if end is not None else tokenizer.eos_token_id
-    prompt_ids = encode_prompts(Path(model_dir), prompts)
+    prompt_ids = encode_prompts(Path(model_dir), prompts, template_args)
     return [{"prompt_token_ids": p, "token_ids": tokenizer(c, add_special_tokens=False)["input_ids"] + [end]}
             for p, c in zip(prompt_ids, completions, strict=True)]
 

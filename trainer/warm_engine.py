@@ -37,7 +37,8 @@ from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 
-from trainer.engine import Domains, EngineConfig, Messages, Sample, job_request, read_outputs, worker_env
+from trainer.engine import (Domains, EngineConfig, Messages, Sample, TemplateArgs, job_request, read_outputs,
+                            worker_env)
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,11 @@ class WarmEngine:
         return self._proc.pid
 
     def generate_each(self, runs: list[tuple[Path, list[Messages]]], cfg: EngineConfig,
-                      domains: list[Domains] | None = None) -> tuple[list[list[Sample]], list[dict]]:
+                      domains: list[Domains] | None = None,
+                      template_args: list[TemplateArgs] | None = None) -> tuple[list[list[Sample]], list[dict]]:
         """As `trainer.engine.generate_vllm_each`, from the warm engine; each timing says
         how its engine came to serve the model (`engine`: started, reloaded, rebuilt, reused)."""
-        job = job_request(runs, cfg, domains)
+        job = job_request(runs, cfg, domains, template_args)
         with self._lock:
             self.start()
             folder = Path(self._tmp.name) / f"job-{next(self._jobs)}"

@@ -99,6 +99,8 @@ class Candidate:
     decision: str | None = None
     evidence: dict = field(default_factory=dict)
     decided_task: str | None = None
+    template_args: str | None = None
+    """The log's chat_template_kwargs (JSON text), which its task keeps."""
 
 
 def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, limit: int | None = None) -> list[Candidate]:
@@ -112,11 +114,12 @@ def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, limit: int
             SELECT log_id, min(ts) AS ts FROM lake.failure_logs f
             WHERE NOT EXISTS (SELECT 1 FROM lake.decisions d WHERE d.log_id = f.log_id)
             GROUP BY log_id ORDER BY ts, log_id LIMIT ?)
-        SELECT log_id, domain, verifier, messages, reference FROM lake.failure_logs JOIN chosen USING (log_id, ts)
+        SELECT log_id, domain, verifier, messages, reference, chat_template_kwargs
+        FROM lake.failure_logs JOIN chosen USING (log_id, ts)
         QUALIFY row_number() OVER (PARTITION BY log_id) = 1
         ORDER BY ts, log_id""", [limit]).fetchall()
     out = []
-    for log_id, domain, verifier, messages, reference in rows:
+    for log_id, domain, verifier, messages, reference, template_args in rows:
         parsed = json.loads(messages)
         try:
             prompt = prompt_text(parsed)
@@ -127,7 +130,8 @@ def load_undecided(con: duckdb.DuckDBPyConnection, cfg: CurateConfig, limit: int
             cand.decision, cand.evidence = "unverifiable", {"reason": "a message has no text content"}
             out.append(cand)
             continue
-        cand = Candidate(log_id, domain, parsed, prompt, json.loads(reference), content_hash(prompt))
+        cand = Candidate(log_id, domain, parsed, prompt, json.loads(reference), content_hash(prompt),
+                         template_args=template_args)
         try:
             cand.verifier = cfg.verifiers.verifier_for(domain, verifier)
         except ValueError as exc:
@@ -243,7 +247,8 @@ def write_results(con: duckdb.DuckDBPyConnection, cands: list[Candidate], sigs: 
     tasks = pa.Table.from_pylist([{
         "task_id": c.task_id, "domain": c.domain, "prompt": c.prompt, "messages": json.dumps(c.messages),
         "verifier": c.verifier, "spec": json.dumps(c.spec, sort_keys=True),
-        "source_log_ids": sources[c.task_id], "created_at": now, "cycle_id": cycle_id} for c in kept],
+        "source_log_ids": sources[c.task_id], "created_at": now, "cycle_id": cycle_id,
+        "chat_template_kwargs": c.template_args} for c in kept],
         schema=SCHEMAS["tasks"])
     decisions = pa.Table.from_pylist([{
         "log_id": c.log_id, "decision": c.decision, "evidence": json.dumps(c.evidence, sort_keys=True),

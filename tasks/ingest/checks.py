@@ -40,7 +40,22 @@ REQUIRED_TYPES = {  # json_type names DuckDB reports
 }
 # An integer id (database exports number their requests) is kept as its decimal text.
 OPTIONAL_TYPES = {"id": _TEXT + ("BIGINT", "UBIGINT", "NULL"), "meta": ("OBJECT", "NULL"),
-                  "verifier": _TEXT + ("NULL",), "failure_detail": _TEXT + ("NULL",)}
+                  "verifier": _TEXT + ("NULL",), "failure_detail": _TEXT + ("NULL",),
+                  "chat_template_kwargs": ("OBJECT", "NULL")}
+# `chat_template_kwargs` names the chat template's own variables (Qwen3's enable_thinking),
+# which rollouts pass to apply_chat_template as vLLM's chat endpoint does. These names are
+# no template variable: apply_chat_template's parameters (they would change what is
+# rendered or returned, not the template's text: tools, add_generation_prompt, tokenize...),
+# the messages under the template's own name, and the special tokens the tokenizer hands
+# the template (a value would replace the tokenizer's token in the text). A log setting one
+# is refused, not passed on. tests/tasks/ingest/test_checks.py holds the list to the
+# installed transformers' signature.
+REFUSED_TEMPLATE_ARGS = (
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens")
 # Every later stage reads the stored JSON with Python's json module, which DuckDB's parser
 # outdoes: it recurses once per level (RecursionError near 1,000) and refuses an integer of
 # more digits than int() takes (ValueError). Lines past these are refused here, not in curate.
@@ -103,6 +118,7 @@ def suite_spec(rules: LogRules) -> list[tuple[str, dict]]:
         ("unknown_verifier", _in_set("verifier", rules.known_verifiers)),
         ("bad_reference", _in_set("reference_ok", [True])),
         ("bad_ts", _in_set("ts_ok", [True])),
+        ("bad_template_args", _in_set("template_args_ok", [True])),
     ]
     return spec
 
@@ -244,7 +260,7 @@ def _explain_wrong_type(record: dict, rules: LogRules) -> str:
         return f"`id` must be a string or an integer, got {_json_name(type(request_id))}"
     if type(request_id) is int and not -2**63 <= request_id < 2**64:
         return "`id` is an integer past 64 bits: write it as a string"
-    for name, kind in {"meta": dict, "verifier": str}.items():
+    for name, kind in {"meta": dict, "verifier": str, "chat_template_kwargs": dict}.items():
         if record.get(name) is not None and not isinstance(record[name], kind):
             return f"`{name}` must be {_json_name(kind)}, got {_json_name(type(record[name]))}"
     if record["failure"].get("detail") is not None and not isinstance(record["failure"]["detail"], str):
@@ -353,6 +369,19 @@ def _explain_ts(record: dict, rules: LogRules) -> str:
     return f"ts {record['ts']!r} is not an ISO-8601 timestamp (e.g. 2026-11-30T12:00:00Z)"
 
 
+def _explain_template_args(record: dict, rules: LogRules) -> str:
+    args = record["chat_template_kwargs"]
+    for name, value in args.items():
+        if name in REFUSED_TEMPLATE_ARGS:
+            return (f"`chat_template_kwargs` sets `{name}`, which is no variable of the chat template (an argument "
+                    f"of apply_chat_template, the messages, or a special token): it would change more than the "
+                    f"prompt's text; drop it")
+        if isinstance(value, (dict, list)):
+            return (f"`chat_template_kwargs.{name}` is {_json_name(type(value))}: template arguments are JSON "
+                    f"scalars (a string, number, boolean or null)")
+    return "`chat_template_kwargs` names one argument twice"
+
+
 def _json_name(kind: type) -> str:
     return {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
             bool: "a boolean", type(None): "null"}.get(kind, kind.__name__)
@@ -362,5 +391,5 @@ _EXPLAIN = {
     "wrong_type": _explain_wrong_type, "bad_role": _explain_bad_role,
     "empty_content": _explain_empty, "too_large": _explain_too_large,
     "unknown_domain": _explain_domain, "unknown_verifier": _explain_verifier,
-    "bad_reference": _explain_reference, "bad_ts": _explain_ts,
+    "bad_reference": _explain_reference, "bad_ts": _explain_ts, "bad_template_args": _explain_template_args,
 }

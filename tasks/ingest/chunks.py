@@ -175,7 +175,8 @@ def _stage_judged(con: duckdb.DuckDBPyConnection, lines: pa.Table, n_rows: int, 
     kept = f"SELECT * FROM {_ROWS} WHERE line_no NOT IN (SELECT line_no FROM {_DROP})"
     staged.stage_query("failure_logs", f"""
         SELECT log_id, {_literal(batch_id)} AS batch_id, line_no, request_id, ts, model, domain, verifier,
-               messages, response, failure_kind, failure_detail, reference, meta, {_literal(cycle_id)} AS cycle_id
+               messages, response, failure_kind, failure_detail, reference, meta, {_literal(cycle_id)} AS cycle_id,
+               chat_template_kwargs
         FROM ({kept})""")
     con.execute(f"INSERT INTO {_SEEN} SELECT k1, k2, line_no FROM ({kept})")
     con.execute(f"DROP VIEW {_ROWS}")

@@ -13,15 +13,19 @@ is exact. Nothing here decides validity; the suite does.
 """
 from __future__ import annotations
 
-from tasks.ingest.checks import (MAX_DEPTH, MAX_DIGITS, OPTIONAL_TYPES, REQUIRED_FIELDS, REQUIRED_TYPES, ROLES,
-                                 SCALAR_TYPES, LogRules)
+from tasks.ingest.checks import (MAX_DEPTH, MAX_DIGITS, OPTIONAL_TYPES, REFUSED_TEMPLATE_ARGS, REQUIRED_FIELDS,
+                                 REQUIRED_TYPES, ROLES, SCALAR_TYPES, LogRules)
 
 # Top-level fields pulled out of each line in one parse; later expressions read these
 # small JSON values instead of re-parsing the whole line for every check.
-FIELDS = ("id", "ts", "model", "domain", "verifier", "messages", "response", "failure", "reference", "meta")
+# `chat_template_kwargs` comes last and counts in log_id only when it holds an argument, so
+# the ids of logs without it are the ids they had before it was read (and the native
+# scanner's, which leaves a line with it to this query).
+HASHED = ("id", "ts", "model", "domain", "verifier", "messages", "response", "failure", "reference", "meta")
+FIELDS = (*HASHED, "chat_template_kwargs")
 # Columns of feature_sql's result that only feed failure_logs; GX checks the others.
 LOG_ONLY = ("log_id", "request_id", "ts", "model", "messages", "response", "failure_kind", "failure_detail",
-            "reference", "meta")
+            "reference", "meta", "chat_template_kwargs")
 # What reference checks read, in this order: ref_v[1..5] in feature_sql.
 _REF_KEYS = ("answer", "entry_point", "tests", "solution", "schema")
 _FIELD_PATHS = ", ".join(f"'$.{f}'" for f in FIELDS)
@@ -95,6 +99,7 @@ WITH parsed AS (
     json_transform(f_messages, '[{{"role":"JSON","content":"JSON","tool_calls":"JSON"}}]') END AS msgs,
   CASE WHEN left(f_reference, 1) = '{{' THEN json_extract(f_reference, [{_REF_PATHS}]) END AS ref_v,
   CASE WHEN left(f_failure, 1) = '{{' THEN json_extract(f_failure, ['$.kind', '$.detail']) END AS fk,
+  CASE WHEN left(f_chat_template_kwargs, 1) = '{{' THEN json_keys(f_chat_template_kwargs) END AS template_names,
   f_domain ->> '$' AS domain, f_verifier ->> '$' AS verifier, f_response ->> '$' AS response,
   TRY_CAST(f_ts ->> '$' AS TIMESTAMPTZ) AS ts
   FROM fields
@@ -115,16 +120,36 @@ SELECT line_no, utf8_ok, is_json, depth_ok, digits_ok, top_type,
   domain, verifier,
   {_reference_sql()} AS reference_ok,
   ts IS NOT NULL AS ts_ok,
+  {_template_args_sql()} AS template_args_ok,
   -- failure_logs fields; log_id hashes the known fields as DuckDB re-serialises them,
   -- so whitespace and key order do not change it and unknown extra keys do not count
-  sha256(v::VARCHAR) AS log_id,
+  sha256((CASE WHEN {_STORED_ARGS} IS NULL THEN v[1:{len(HASHED)}] ELSE v END)::VARCHAR) AS log_id,
   f_id ->> '$' AS request_id, ts, f_model ->> '$' AS model,
   {_stored_messages_sql()} AS messages, response,
   fk[1] ->> '$' AS failure_kind, fk[2] ->> '$' AS failure_detail,
   f_reference::VARCHAR AS reference,
-  CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta
+  CASE WHEN t_meta = 'OBJECT' THEN f_meta::VARCHAR ELSE '{{}}' END AS meta,
+  {_STORED_ARGS} AS chat_template_kwargs
 FROM typed
 """
+
+
+# The stored chat_template_kwargs: NULL when there are none (absent, null or {}: the
+# template's defaults alike).
+_STORED_ARGS = ("(CASE WHEN t_chat_template_kwargs = 'OBJECT' AND f_chat_template_kwargs::VARCHAR <> '{}' "
+                "THEN f_chat_template_kwargs::VARCHAR END)")
+
+
+def _template_args_sql() -> str:
+    """Whether the chat template's arguments are ones rollouts may pass on: JSON scalars,
+    under no name checks.REFUSED_TEMPLATE_ARGS holds, none named twice. A value of the
+    wrong type is the type check's to refuse."""
+    refused = ", ".join(f"'{name}'" for name in REFUSED_TEMPLATE_ARGS)
+    return f"""CASE WHEN t_chat_template_kwargs = 'OBJECT' THEN
+      len(list_distinct(template_names)) = len(template_names) AND NOT list_has_any(template_names, [{refused}])
+      AND coalesce(list_bool_and(list_transform(json_extract(f_chat_template_kwargs, '$.*'),
+                                                x -> left(x, 1) NOT IN ('[', '{{'))), true)
+      ELSE true END"""
 
 
 # The line with its strings blanked: what is left is JSON's structure, numbers and literals.

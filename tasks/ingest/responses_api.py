@@ -32,6 +32,7 @@ RESPONSES = "responses"
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _SKIPPED_ITEMS = ("reasoning",)
 _SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repetition_penalty")
+_PASSED_ON = (*_SAMPLING, "chat_template_kwargs")  # vLLM's: the template's arguments (Qwen3's enable_thinking)
 
 
 def is_responses_call(call: dict) -> bool:
@@ -118,7 +119,7 @@ def chat_request(body: dict) -> dict:
     items = body.get("input")
     for item in [{"role": "user", "content": items}] if isinstance(items, str) else items or []:
         _add_item(messages, item)
-    request = {"messages": messages, **{k: body[k] for k in _SAMPLING if k in body}}
+    request = {"messages": messages, **{k: body[k] for k in _PASSED_ON if k in body}}
     if body.get("max_output_tokens") is not None:
         request["max_tokens"] = body["max_output_tokens"]
     fmt = body["text"].get("format") if isinstance(body.get("text"), dict) else None

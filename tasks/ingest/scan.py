@@ -185,14 +185,15 @@ SELECT line_no, utf8_ok, true AS is_json, true AS depth_ok, true AS digits_ok, '
   {text} AS t_ts, {text} AS t_model, 'OBJECT' AS t_failure, {text} AS t_failure_kind,
   {_TYPE_CODES.format('c_id')} AS t_id, {_TYPE_CODES.format('c_meta')} AS t_meta,
   {_TYPE_CODES.format('c_verifier')} AS t_verifier, {_TYPE_CODES.format('c_detail')} AS t_failure_detail,
+  NULL::VARCHAR AS t_chat_template_kwargs,
   true AS messages_well_typed, true AS roles_ok, true AS content_ok, true AS size_limits_ok,
   domain, verifier,
   CASE coalesce(verifier, CASE domain {verifier_of_domain} END)
     WHEN 'math' THEN answer_ok WHEN 'exact' THEN answer_ok WHEN 'code' THEN code_ok
     WHEN 'json_schema' THEN schema_ok END AS reference_ok,
-  true AS ts_ok,
+  true AS ts_ok, true AS template_args_ok,
   log_id, k1, k2, request_id, ts, model,
-  messages, response, failure_kind, failure_detail, reference, meta
+  messages, response, failure_kind, failure_detail, reference, meta, NULL::VARCHAR AS chat_template_kwargs
 FROM {source} WHERE clean
 """
 

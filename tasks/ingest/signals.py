@@ -236,10 +236,17 @@ def parse_ts(ts: str) -> datetime:
 
 def _failure_log(call: dict, id_suffix: str, *, kind: str, domain: str, detail: str, reference: dict,
                  messages: list[dict], response: str) -> dict:
-    return {"id": f"{call['id']}:{id_suffix}", "ts": call["ts"], "model": call.get("model_version"),
-            "domain": domain, "messages": messages, "response": response,
-            "failure": {"kind": kind, "detail": detail}, "reference": reference,
-            "meta": {"source": "gateway", "gateway": call.get("gateway"), "completion_id": call["id"]}}
+    log = {"id": f"{call['id']}:{id_suffix}", "ts": call["ts"], "model": call.get("model_version"),
+           "domain": domain, "messages": messages, "response": response,
+           "failure": {"kind": kind, "detail": detail}, "reference": reference,
+           "meta": {"source": "gateway", "gateway": call.get("gateway"), "completion_id": call["id"]}}
+    # The template's arguments (Qwen3's enable_thinking) are part of the prompt production
+    # rendered: without them rollouts would sample a mode production never used. Passed on
+    # as sent: ingest refuses, with its reason, arguments that would change more than the text.
+    template_args = call["request"].get("chat_template_kwargs")
+    if isinstance(template_args, dict) and template_args:
+        log["chat_template_kwargs"] = template_args
+    return log
 
 
 def _answer_reference(correction: dict, request: dict) -> tuple[str, dict]:

@@ -43,10 +43,18 @@ def sample_wave(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, 
         group = [i for i, size in enumerate(sizes) if size == n]
         cfg = replace(engine, n=n, seed=engine.seed + wave)
         samples = generate(model_dir, [json.loads(tasks[i]["messages"]) for i in group], cfg,
-                           [tasks[i]["domain"] for i in group])
+                           [tasks[i]["domain"] for i in group],
+                           template_args=[template_args(tasks[i]) for i in group])
         pairs += [(tasks[group[s.prompt_idx]], replace(s, sample_idx=s.sample_idx + first_idx[group[s.prompt_idx]]))
                   for s in samples]
     return pairs
+
+
+def template_args(task: dict) -> dict | None:
+    """The chat template's arguments a task's prompt is rendered with (its
+    `chat_template_kwargs`, from the production call it came from), None for the defaults."""
+    stored = task.get("chat_template_kwargs")
+    return json.loads(stored) if stored else None
 
 
 def sample_and_route(model_dir: str | Path, tasks: list[dict], engine: EngineConfig, routing: RoutingConfig,

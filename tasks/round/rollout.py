@@ -29,7 +29,7 @@ from storage.lake_turn import lake_released
 from storage.schemas import ROUTES, SCHEMAS
 from tasks.curate.holdout import is_heldout
 from tasks.release.models import local_model_dir
-from tasks.round.adaptive import routes_table, sample_and_route, sample_wave
+from tasks.round.adaptive import routes_table, sample_and_route, sample_wave, template_args
 from tasks.round.routing import RoutingConfig
 from tasks.round.verify import VerifyStageConfig, verdict_counts
 from trainer.engine import PROMPT_TOO_LONG, PROMPT_UNRENDERABLE, EngineConfig, Sample, prompt_problems
@@ -94,12 +94,12 @@ scored AS (
 
 
 CANDIDATES_SQL = _scored_by_recency("t.task_id") + """
-SELECT t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt,
+SELECT t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt, t.chat_template_kwargs,
        avg(CASE WHEN s.passed THEN 1.0 ELSE 0.0 END) AS pass_rate,
        count(s.passed) AS recent_samples, count(s.passed) FILTER (WHERE s.passed) AS recent_passes
 FROM lake.tasks t LEFT JOIN scored s ON s.task_id = t.task_id AND s.recency <= ?
 WHERE t.task_id NOT IN (SELECT task_id FROM lake.routes WHERE route = 'retire')
-GROUP BY t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt
+GROUP BY t.task_id, t.domain, t.messages, t.verifier, t.spec, t.prompt, t.chat_template_kwargs
 ORDER BY t.task_id
 """
 # A domain's recent samples: those of its last `recent_rounds` rounds, as for a task.
@@ -163,7 +163,7 @@ def run_rollouts(con: duckdb.DuckDBPyConnection, model_dir: str | Path, policy_v
 def round_candidates(con: duckdb.DuckDBPyConnection, recent_rounds: int) -> list[dict]:
     """Every task not retired, with its pass rate and counts over its recent rounds, and
     its domain's counts over the domain's recent rounds."""
-    cols = ["task_id", "domain", "messages", "verifier", "spec", "prompt", "pass_rate",
+    cols = ["task_id", "domain", "messages", "verifier", "spec", "prompt", "chat_template_kwargs", "pass_rate",
             "recent_samples", "recent_passes"]
     domains = {d: (s, p) for d, s, p in con.execute(DOMAIN_HISTORY_SQL, [recent_rounds]).fetchall()}
     candidates = [dict(zip(cols, row)) for row in con.execute(CANDIDATES_SQL, [recent_rounds]).fetchall()]
@@ -183,7 +183,7 @@ def pick_round_tasks(con: duckdb.DuckDBPyConnection, model_dir: str | Path,
     if cfg.domains:
         candidates = [c for c in candidates if c["domain"] in cfg.domains]
     problems = prompt_problems(model_dir, [json.loads(c["messages"]) for c in candidates], cfg.engine,
-                               [c["domain"] for c in candidates])
+                               [c["domain"] for c in candidates], [template_args(c) for c in candidates])
     usable = [c for c, problem in zip(candidates, problems, strict=True) if problem is None]
     return select_tasks(usable, cfg), Counter(p for p in problems if p is not None)
 

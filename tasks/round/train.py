@@ -34,6 +34,7 @@ from storage.schemas import SCHEMAS
 from trainer.grpo import GRPOConfig
 from trainer.job import TrainJob, jobs_root, read_metrics, write_job
 from tasks.release.models import local_model_dir, publish_model
+from tasks.round.adaptive import template_args
 from trainer.launch import run_training
 from trainer.model_facts import read_facts
 from trainer.rollout_data import group_rollouts, read_rollouts
@@ -106,7 +107,7 @@ def export_rollouts(con: duckdb.DuckDBPyConnection, policy_version: str, round_i
 
 
 SFT_SQL = """
-SELECT x.task_id, t.domain, t.messages, t.verifier, t.spec
+SELECT x.task_id, t.domain, t.messages, t.verifier, t.spec, t.chat_template_kwargs
 FROM lake.routes x JOIN lake.tasks t USING (task_id)
 WHERE x.policy_version = ? AND x.round = ? AND x.cycle_id = ? AND x.route = 'sft'
 ORDER BY x.task_id
@@ -130,12 +131,12 @@ def export_sft(con: duckdb.DuckDBPyConnection, base_model: str | Path, policy_ve
                path: Path, cycle_id: str, cfg: TrainStageConfig) -> dict:
     """The round's `sft` tasks as an SFT file (trainer/sft.py) at `path`; counts of rows
     written and of tasks left out (no usable reference, or too long for the context)."""
-    cols = ["task_id", "domain", "messages", "verifier", "spec"]
+    cols = ["task_id", "domain", "messages", "verifier", "spec", "chat_template_kwargs"]
     tasks = [dict(zip(cols, r)) for r in con.execute(SFT_SQL, [policy_version, round_idx, cycle_id]).fetchall()]
     texts = [sft_completion(t, cfg) for t in tasks]
     usable = [(t, c) for t, c in zip(tasks, texts, strict=True) if c]
-    rows = encode_sft(base_model, [json.loads(t["messages"]) for t, _ in usable], [c for _, c in usable]) \
-        if usable else []
+    rows = encode_sft(base_model, [json.loads(t["messages"]) for t, _ in usable], [c for _, c in usable],
+                      [template_args(t) for t, _ in usable]) if usable else []
     context = read_facts(base_model).context_length
     kept = [{"task_id": t["task_id"], **r} for (t, _), r in zip(usable, rows, strict=True)
             if len(r["prompt_token_ids"]) + len(r["token_ids"]) <= context]

@@ -2,11 +2,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from tests.trainer.conftest import score_tokens
-from trainer.engine import (PROMPT_UNRENDERABLE, EngineConfig, PromptError, encode_prompts, generate, generate_vllm,
-                            generate_vllm_each, prompt_fits, prompt_problems)
+from trainer.engine import (PROMPT_TOO_LONG, PROMPT_UNRENDERABLE, EngineConfig, PromptError, encode_prompt,
+                            encode_prompts, generate, generate_vllm, generate_vllm_each, job_request, prompt_fits,
+                            prompt_problems)
 from flows.demo.tiny_model import ModelConfig, init_model
-from tests.trainer.chat_templates import (GEMMA, GEMMA_TOKENS, LLAMA2, LLAMA3, LLAMA3_TOKENS, MISTRAL, QWEN25,
-                                          with_chat_template)
+from tests.trainer.chat_templates import (GEMMA, GEMMA_TOKENS, LLAMA2, LLAMA3, LLAMA3_TOKENS, MISTRAL, QWEN3,
+                                          QWEN25, with_chat_template)
 from tests.trainer.conftest import addition_prompt
 
 PROMPTS = [addition_prompt(12, 34), addition_prompt(56, 7), [{"role": "user", "content": "Say hi\n  twice"}]]
@@ -117,3 +118,25 @@ def test_tool_calls_a_template_does_not_render_leave_the_prompt_out(tmp_path, te
     if problem is None:
         text = AutoTokenizer.from_pretrained(str(model)).decode(encode_prompts(model, [TOOL_TURNS])[0])
         assert "get_weather" in text and "sunny, 21C" in text
+
+
+NO_THINKING = {"enable_thinking": False}
+
+
+def test_a_prompt_is_rendered_with_its_chat_template_arguments_everywhere_it_is_encoded(tmp_path):
+    """Qwen3's `enable_thinking: false` writes an empty think block after the assistant's
+    opening: a prompt production sent with it is sampled, sized and handed to vLLM as
+    exactly that text, not as the template's default (thinking on)."""
+    model = with_chat_template(init_model(tmp_path / "m"), QWEN3)
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    default, no_thinking = encode_prompt(tokenizer, USER), encode_prompt(tokenizer, USER, NO_THINKING)
+    assert no_thinking == default + tokenizer("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"]
+    assert encode_prompts(model, [USER, USER], [None, NO_THINKING]) == [default, no_thinking]
+    # the default fits its budget exactly; the same messages with the think block do not
+    cfg = EngineConfig(backend="transformers", n=2, max_tokens=4, max_model_len=len(default) + 4)
+    assert prompt_problems(model, [USER, USER], cfg, template_args=[None, NO_THINKING]) == [None, PROMPT_TOO_LONG]
+    samples = generate(model, [USER], EngineConfig(backend="transformers", n=2, max_tokens=3),
+                       template_args=[NO_THINKING])
+    assert [s.prompt_token_ids for s in samples] == [no_thinking, no_thinking]
+    job = job_request([(model, [USER, USER])], cfg, template_args=[[NO_THINKING, None]])
+    assert job["runs"][0]["prompt_token_ids"] == [no_thinking, default]  # the ids the vLLM worker samples from

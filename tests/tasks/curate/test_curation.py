@@ -83,6 +83,20 @@ def test_every_decision_kind_with_its_evidence(lake_settings, tmp_path):
     assert curate(con, CFG, "c2").logs == 0  # rerun: nothing undecided, nothing written
 
 
+def test_a_task_keeps_the_chat_template_arguments_of_its_log_and_dedup_ignores_them(lake_settings, tmp_path):
+    """The arguments production rendered the prompt with go with the task (rollouts render it
+    so); the same messages with other arguments are the same task (an exact duplicate)."""
+    con = open_lake(lake_settings)
+    no_thinking = {"enable_thinking": False}
+    logs = [{**_log(1, STORY, {"answer": "3"}), "chat_template_kwargs": no_thinking},
+            _log(2, STORY, {"answer": "3"}), _log(3, "What is 17*23?", {"answer": "391"})]
+    _ingest(con, tmp_path / "logs.jsonl", logs, "c1")
+    counts = curate(con, CFG, "c1")
+    assert (counts.kept, counts.duplicate) == (2, 1)
+    tasks = dict(con.execute("SELECT prompt, chat_template_kwargs FROM lake.tasks").fetchall())
+    assert json.loads(tasks[STORY]) == no_thinking and tasks["What is 17*23?"] is None
+
+
 def test_a_log_whose_messages_have_no_text_is_unverifiable_not_a_crash(lake_settings, tmp_path):
     # ingest refuses such logs now; a lake filled before it did may still hold them
     con = open_lake(lake_settings)

@@ -248,3 +248,49 @@ def test_a_reply_left_in_messages_instead_of_response_says_where_it_goes(lake_se
     assert con.execute("SELECT reason FROM lake.quarantine").fetchone()[0] == (
         "missing required field `response`; the last message is the assistant's: its reply goes in `response`, "
         "and `messages` ends before it")
+
+
+def test_chat_template_arguments_land_with_their_log_and_ones_that_would_change_more_than_the_text_are_refused(
+        lake_settings, tmp_path):
+    """`chat_template_kwargs` (Qwen3's enable_thinking) is kept with its log; a log whose
+    arguments are no object, hold a nested value, repeat a name or set an argument of
+    apply_chat_template itself is quarantined with why. None, null and {} are the template's
+    defaults alike, and keep the log's id what it was without the field."""
+    log = valid_log(0)
+    without = json.dumps(log)
+    lines = [json.dumps({**log, "chat_template_kwargs": {"enable_thinking": False}}), without,
+             json.dumps({**valid_log(1), "chat_template_kwargs": None}),
+             json.dumps({**valid_log(2), "chat_template_kwargs": {}}),
+             json.dumps({**valid_log(3), "chat_template_kwargs": ["enable_thinking"]}),
+             json.dumps({**valid_log(4), "chat_template_kwargs": {"enable_thinking": False, "tools": None}}),
+             json.dumps({**valid_log(5), "chat_template_kwargs": {"budget": {"tokens": 64}}}),
+             json.dumps(valid_log(6))[:-1] + ', "chat_template_kwargs": {"thinking": true, "thinking": false}}']
+    path = write_logs(tmp_path / "template_args.jsonl", 0, extra_lines=lines)
+    con = open_lake(lake_settings)
+    result = ingest_file(con, path, str(path), CFG, "c1")
+    assert (result.rows_ok, result.rows_quarantined) == (4, 4)
+    rows = con.execute("SELECT line_no, chat_template_kwargs FROM lake.failure_logs ORDER BY line_no").fetchall()
+    assert rows == [(1, '{"enable_thinking":false}'), (2, None), (3, None), (4, None)]
+    reasons = con.execute("SELECT line_no, kind, reason FROM lake.quarantine ORDER BY line_no").fetchall()
+    assert [(n, kind) for n, kind, _ in reasons] == [(5, "wrong_type"), (6, "bad_template_args"),
+                                                     (7, "bad_template_args"), (8, "bad_template_args")]
+    assert reasons[0][2] == "`chat_template_kwargs` must be an object, got an array"
+    assert "sets `tools`" in reasons[1][2] and "change more than the prompt's text" in reasons[1][2]
+    assert "`chat_template_kwargs.budget` is an object" in reasons[2][2]
+    assert reasons[3][2] == "`chat_template_kwargs` names one argument twice"
+    # the same logs without the field are the logs already in (same id); with arguments, another
+    again = write_logs(tmp_path / "again.jsonl", 0, extra_lines=[json.dumps(valid_log(i)) for i in (1, 2)])
+    assert ingest_file(con, again, str(again), CFG, "c2").rows_quarantined == 2
+    assert {kind for (kind,) in con.execute("SELECT kind FROM lake.quarantine WHERE line_no < 3").fetchall()} == {
+        "repeated_log"}
+
+
+def test_the_refused_template_arguments_are_every_parameter_of_apply_chat_template():
+    import inspect
+
+    from transformers import PreTrainedTokenizerBase
+
+    from tasks.ingest.checks import REFUSED_TEMPLATE_ARGS
+
+    parameters = set(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {"self", "kwargs"}
+    assert parameters <= set(REFUSED_TEMPLATE_ARGS)

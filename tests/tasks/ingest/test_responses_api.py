@@ -155,3 +155,11 @@ def test_a_shipped_responses_record_that_cannot_be_read_is_quarantined_with_why(
     assert reason.startswith("call `request` (Responses API): input[0]: input items of type 'item_reference'")
     _, parsed, _, reason = parse_line(json.dumps({**record, "api": "completions"}).encode())
     assert parsed is None and "call `api` must be 'responses' or absent" in reason
+
+
+def test_a_responses_calls_chat_template_arguments_reach_its_failure_logs():
+    """Qwen3 served without thinking through /v1/responses: the task must be rolled out so too."""
+    responses = responses_call([message_item("Ada")], text={"format": {"type": "json_object"}},
+                               chat_template_kwargs={"enable_thinking": False})
+    (log,) = call_failures(chat_view(responses))
+    assert log["chat_template_kwargs"] == {"enable_thinking": False}

@@ -193,6 +193,22 @@ def test_every_choice_of_an_n_sample_call_is_judged():
     assert failures[1]["response"] == "Oslo" and failures[1]["reference"] == {"schema": WEATHER}
 
 
+def test_every_failure_log_of_a_call_keeps_its_chat_template_arguments():
+    """A Qwen3 app that turns thinking off sends `chat_template_kwargs`: the prompt it
+    rendered is part of the failure, so each log of the call carries them (a call without
+    them, or with an empty object, gives logs without)."""
+    no_thinking = {"enable_thinking": False}
+    failures = call_failures(call("Ada, 36", response_format=json_schema_format(PERSON),
+                                  tools=[tool("weather", WEATHER)], tool_calls=[called("weather", "Oslo")],
+                                  chat_template_kwargs=no_thinking))
+    corrected = feedback_failure(feedback({"answer": "72"}), call("71", chat_template_kwargs=no_thinking), DOMAINS)
+    assert [f["failure"]["kind"] for f in [*failures, corrected]] == ["json", "tool_call", "feedback"]
+    assert all(f["chat_template_kwargs"] == no_thinking for f in [*failures, corrected])
+    for request in ({}, {"chat_template_kwargs": {}}):
+        (plain,) = call_failures(call("Ada, 36", response_format=json_schema_format(PERSON), **request))
+        assert "chat_template_kwargs" not in plain
+
+
 # -- feedback --------------------------------------------------------------------------
 
 def test_an_answer_correction_is_a_math_failure_whose_gold_passes():

@@ -7,8 +7,8 @@ import pytest
 from storage.lake import append_rows, open_lake
 from storage.schemas import SCHEMAS
 from tasks.round.rollout import RolloutConfig, round_candidates, run_rollouts, sample_round, select_tasks
-from tests.trainer.chat_templates import GEMMA, GEMMA_TOKENS, with_chat_template
-from trainer.engine import EngineConfig
+from tests.trainer.chat_templates import GEMMA, GEMMA_TOKENS, QWEN3, with_chat_template
+from trainer.engine import EngineConfig, encode_prompt
 from flows.demo.tiny_model import init_model
 
 
@@ -30,12 +30,14 @@ def test_selection_prefers_informative_tasks_and_balances_domains():
         RolloutConfig(domains=("",))
 
 
-def add_tasks(con, problems, before=()):
-    """Addition tasks; `before`: turns of the logged conversation ahead of the question."""
+def add_tasks(con, problems, before=(), template_args=None):
+    """Addition tasks; `before`: turns of the logged conversation ahead of the question;
+    `template_args`: the chat template's arguments production rendered them with."""
     rows = [{"task_id": f"add-{a}-{b}", "domain": "math", "prompt": f"What is {a}+{b}?",
              "messages": json.dumps([*before, {"role": "user", "content": f"What is {a}+{b}?"}]), "verifier": "math",
              "spec": json.dumps({"answer": str(a + b)}), "source_log_ids": [], "created_at": datetime.now(timezone.utc),
-             "cycle_id": "c0"} for a, b in problems]
+             "cycle_id": "c0", "chat_template_kwargs": json.dumps(template_args) if template_args else None}
+            for a, b in problems]
     append_rows(con, "tasks", pa.Table.from_pylist(rows, schema=SCHEMAS["tasks"]))
 
 
@@ -70,6 +72,26 @@ def test_tasks_the_policys_chat_template_refuses_are_left_out_and_counted(lake_s
     assert counts == {"rollouts": 4, "prompts_too_long": 0, "prompts_unrenderable": 2}
     assert con.execute("SELECT DISTINCT task_id FROM lake.rollouts ORDER BY 1").fetchall() == [
         ("add-12-30",), ("add-45-11",)]
+
+
+def test_a_task_is_rolled_out_from_the_prompt_its_chat_template_arguments_render(lake_settings, tmp_path):
+    """A task from a Qwen3 call that turned thinking off is sampled (and so trained) from the
+    prompt with the empty think block production sent; a task without arguments from the default."""
+    from transformers import AutoTokenizer
+
+    policy = with_chat_template(init_model(tmp_path / "m"), QWEN3)
+    con = open_lake(lake_settings)
+    add_tasks(con, [(12, 30)], template_args={"enable_thinking": False})
+    add_tasks(con, [(45, 11)])
+    cfg = RolloutConfig(tasks_per_round=8, heldout_fraction=0.0,
+                        engine=EngineConfig(backend="transformers", n=2, max_tokens=3))
+    assert sample_round(con, policy, "v0", "c1", cfg, 0)["rollouts"] == 4
+    tokenizer = AutoTokenizer.from_pretrained(str(policy))
+    stored = dict(con.execute("SELECT DISTINCT task_id, prompt_token_ids FROM lake.rollouts").fetchall())
+    question = [{"role": "user", "content": "What is 12+30?"}]
+    assert stored["add-12-30"] == encode_prompt(tokenizer, question, {"enable_thinking": False})
+    assert tokenizer.decode(stored["add-12-30"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert tokenizer.decode(stored["add-45-11"]).endswith("<|im_start|>assistant\n")
 
 
 def scored_round(con, cycle_id, round_idx, passed, task_id="add-1-2"):

@@ -100,3 +100,27 @@ def test_unsolved_tasks_are_learned_from_their_references_in_the_same_job(lake_s
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(base))
     assert sorted(tokenizer.decode(r["token_ids"][:-1]) for r in sft) == ["42", "42", "56", "77"]
+
+
+def test_an_sft_tasks_prompt_is_rendered_with_its_chat_template_arguments(lake_settings, tmp_path):
+    """A reference is taught after the prompt production sent: with Qwen3's thinking off,
+    the empty think block the rollouts were sampled after."""
+    from transformers import AutoTokenizer
+
+    from tasks.round.train import export_sft
+    from tests.trainer.chat_templates import QWEN3, with_chat_template
+    from trainer.engine import encode_prompt
+
+    base = with_chat_template(init_model(tmp_path / "base"), QWEN3)
+    con = open_lake(lake_settings)
+    add_tasks(con, [(12, 30)], template_args={"enable_thinking": False})
+    route = {"task_id": "add-12-30", "round": 0, "policy_version": "v0", "domain": "math", "samples": 4,
+             "passes": 0, "route": "sft", "reason": "unsolved", "cycle_id": "c1"}
+    append_rows(con, "routes", pa.Table.from_pylist([route], schema=SCHEMAS["routes"]))
+    path = tmp_path / "sft.parquet"
+    cfg = TrainStageConfig(sft_formats={"math": "{answer}"}, device="cpu")
+    assert export_sft(con, base, "v0", 0, path, "c1", cfg)["sft_rows"] == 1
+    (row,) = pq.read_table(path).to_pylist()
+    question = [{"role": "user", "content": "What is 12+30?"}]
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+    assert row["prompt_token_ids"] == encode_prompt(tokenizer, question, {"enable_thinking": False})
