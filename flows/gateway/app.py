@@ -10,6 +10,8 @@
   idempotent per completion id; feedback for another replica's call is passed to that
   replica (flows/gateway/replicas.py).
 - `GET /health`: the versions serving; no key needed.
+- `GET /metrics`: Prometheus's text format (flows/gateway/metrics.py); no key needed unless
+  `metrics_public = false` (config.py says why).
 - `POST /admin/upstream`, `DELETE /admin/canary`: switch the primary or set a canary by hand
   (admin keys only); in managed mode promotions do this on their own (flows/gateway/watch.py).
   `POST /admin/flush`: ship the spool now rather than at the next size or age mark.
@@ -25,17 +27,20 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.exceptions import HTTPException
 
 from flows.gateway import calls
 from flows.gateway.config import GatewayConfig
 from flows.gateway.limits import RateLimiter
+from flows.gateway.metrics import CallMeter, GatewayMetrics, State
 from flows.gateway.replicas import forwarded, pass_feedback_on
 from flows.gateway.responses import respond
 from flows.gateway.shipping import Shipper, ShippingConfig
@@ -74,6 +79,7 @@ class Gateway:
         self.watcher: asyncio.Task | None = None
         self.watch = None  # managed mode's ProductionWatch
         self.limiter = RateLimiter(cfg.replica_rate_rps, cfg.burst) if cfg.rate_limit_rps else None
+        self.metrics = GatewayMetrics()
 
     async def start(self) -> None:
         if not log.handlers:  # swaps and watch errors go where uvicorn's own messages go
@@ -131,7 +137,7 @@ class Gateway:
             return error(401, "missing or unknown API key", code="invalid_api_key")
         return None
 
-    def throttle(self, request: Request) -> JSONResponse | None:
+    def throttle(self, request: Request, api: str) -> JSONResponse | None:
         """The 429 for a key past its request rate, else None (takes one request from its bucket).
         Feedback another replica passes on counts at both: the header that marks it is the
         client's to set too, so it buys no exemption."""
@@ -140,6 +146,7 @@ class Gateway:
         wait_s = self.limiter.wait_s(request.headers.get("authorization", ""))
         if not wait_s:
             return None
+        self.metrics.rate_limited.labels(api).inc()
         share = (f" (this replica's share of the cluster's {self.cfg.rate_limit_rps:g})"
                  if self.cfg.replicas_sharing > 1 else "")
         response = error(429, f"rate limit of {self.cfg.replica_rate_rps:g} requests/s{share} (burst {self.cfg.burst}) "
@@ -168,6 +175,17 @@ class Gateway:
         except ValueError as exc:
             return error(400, f"request body is not JSON: {exc}")
         return parsed if isinstance(parsed, dict) else error(400, "request body must be a JSON object")
+
+    async def scrape(self) -> bytes:
+        """The metrics, with what the spool, shipper and pool count read now."""
+        unshipped = await asyncio.to_thread(self.spool.unshipped)  # a read that may wait for the shipper's
+        pool, in_flight = self.pool, {}
+        for role, upstream in (("primary", pool.primary), ("canary", pool.canary),
+                               *(("retiring", u) for u in pool.retiring)):
+            if upstream is not None:  # a retiring upstream may be of a version still serving
+                in_flight[role, upstream.version] = in_flight.get((role, upstream.version), 0) + upstream.in_flight
+        return self.metrics.exposition(State(unshipped, in_flight, dict(pool.swaps), self.shipper.batches_shipped,
+                                             self.shipper.failures))
 
 
 def chat_problem(body: dict, cfg: GatewayConfig) -> str | None:
@@ -233,41 +251,59 @@ def create_app(cfg: GatewayConfig, settings: LakeSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        if refused := gateway.refuse(request) or gateway.throttle(request):
-            return refused
-        body = await gateway.read_json(request)
-        if isinstance(body, JSONResponse):
-            return body
-        problem = chat_problem(body, cfg)
-        if problem:
-            return error(422, problem)
-        return await calls.complete(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica,
-                                    gone=request.is_disconnected)
+        return await serve_call(gateway, request, gateway.metrics.call("chat"), chat_problem, calls.complete)
 
     @app.post("/v1/responses")
     async def responses(request: Request):
-        if refused := gateway.refuse(request) or gateway.throttle(request):
-            return refused
-        body = await gateway.read_json(request)
-        if isinstance(body, JSONResponse):
-            return body
-        problem = responses_problem(body, cfg)
-        if problem:
-            return error(422, problem)
-        return await respond(body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, cfg.replica,
-                             gone=request.is_disconnected)
+        return await serve_call(gateway, request, gateway.metrics.call("responses"), responses_problem, respond)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request):
-        return await record_feedback(gateway, request)
+        answer = await record_feedback(gateway, request)
+        status = answer.status_code if isinstance(answer, JSONResponse) else 200
+        gateway.metrics.feedback_requests.labels(str(status)).inc()
+        return answer
+
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        if not cfg.metrics_public and (refused := gateway.refuse(request, admin=True)):
+            return refused
+        return Response(await gateway.scrape(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     @app.exception_handler(HTTPException)
     async def no_such_route(_request: Request, exc: HTTPException) -> JSONResponse:
         return error(exc.status_code, f"{exc.detail}: this gateway serves /v1/chat/completions, /v1/responses, "
-                                      "/v1/models, /v1/feedback and /health", code="unknown_route")
+                                      "/v1/models, /v1/feedback, /health and /metrics", code="unknown_route")
 
     add_admin_routes(app, gateway)
     return app
+
+
+async def serve_call(gateway: Gateway, request: Request, meter: CallMeter,
+                     problem_of: Callable[[dict, GatewayConfig], str | None], forward: Callable[..., Awaitable]):
+    """One call of an API: checked, then forwarded (`calls.complete`, `respond`); counted once
+    at its end: here, or by a stream when it is over (calls.py: UpstreamRelease)."""
+    cfg = gateway.cfg
+    try:
+        if refused := gateway.refuse(request) or gateway.throttle(request, meter.api):
+            response = refused
+        elif isinstance(body := await gateway.read_json(request), JSONResponse):
+            response = body
+        else:
+            meter.stream = body.get("stream") is True
+            problem = problem_of(body, cfg)
+            response = error(422, problem) if problem else await forward(
+                body, cfg.model_name, gateway.pool, gateway.client, gateway.spool, meter, cfg.replica,
+                gone=request.is_disconnected)
+    except asyncio.CancelledError:  # the client left and the server gave up on the handler
+        meter.end(499)
+        raise
+    except Exception:  # a bug or a failed spool: FastAPI answers 500; counted, then raised on as it was
+        meter.end(500)
+        raise
+    if not isinstance(response, calls.LeasedStream):
+        meter.end(response.status_code)
+    return response
 
 
 def _content(record: dict) -> tuple:
@@ -279,7 +315,7 @@ async def record_feedback(gateway: Gateway, request: Request) -> dict | JSONResp
     """`POST /v1/feedback`: checked, passed on to the replica that logged the call, or
     spooled here (idempotent per completion id)."""
     cfg = gateway.cfg
-    if refused := gateway.refuse(request) or gateway.throttle(request):
+    if refused := gateway.refuse(request) or gateway.throttle(request, "feedback"):
         return refused
     body = await gateway.read_json(request)
     if isinstance(body, JSONResponse):
@@ -303,6 +339,8 @@ async def record_feedback(gateway: Gateway, request: Request) -> dict | JSONResp
                      code="unknown_completion")
     except UnknownChoice as exc:
         return error(422, str(exc), code="unknown_choice")
+    if created:
+        gateway.metrics.feedback_recorded(record)
     if not created and _content(stored) != _content(record):
         return error(409, f"feedback for {body['id']!r} was already recorded (at {stored['ts']}) with "
                           "other content; the first feedback for a completion is kept", code="conflict")

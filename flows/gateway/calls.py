@@ -45,6 +45,7 @@ import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from flows.gateway.metrics import CallMeter
 from flows.gateway.spool import Spool
 from flows.gateway.streams import StreamAssembly, is_final
 from flows.gateway.upstreams import Upstream, UpstreamPool
@@ -106,7 +107,8 @@ def call_record(completion_id: str, received: str, upstream: Upstream, request: 
             **({"api": api.record_api} if api.record_api else {})}
 
 
-def upstream_error(exc: Exception, upstream: Upstream, earlier: str = "") -> JSONResponse:
+def upstream_error(exc: Exception, upstream: Upstream, meter: CallMeter, earlier: str = "") -> JSONResponse:
+    meter.failed(upstream.version, type(exc).__name__)
     message = f"upstream {upstream.version} failed: {type(exc).__name__}: {exc}"
     return JSONResponse({"error": {"message": message + (f" (after {earlier})" if earlier else ""),
                                    "type": "upstream_error"}}, status_code=502)
@@ -121,14 +123,15 @@ def passthrough(response: httpx.Response) -> JSONResponse:
     return JSONResponse(body, status_code=response.status_code)
 
 
-async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient, api: Api = CHAT,
-                    **overrides) -> tuple[AsyncExitStack, Upstream, httpx.Response] | JSONResponse:
+async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient, meter: CallMeter,
+                    api: Api = CHAT, **overrides) -> tuple[AsyncExitStack, Upstream, httpx.Response] | JSONResponse:
     """POST the call to the upstream the pool chooses and, if that one is UNREACHED, once to
     the pool's other upstream. Returns as soon as a response head is in, with the lease on
     the upstream that answered (the caller closes it when the call is over), or the 502."""
     await pool.opened()  # no lease may start on a server whose weights are being swapped
     upstream, earlier = pool.choose(), ""
     while True:
+        meter.version = upstream.version
         try:
             async with AsyncExitStack() as held:
                 await held.enter_async_context(pool.lease(upstream))
@@ -138,32 +141,34 @@ async def send_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient
                 return held.pop_all(), upstream, response
         except httpx.HTTPError as exc:
             if not isinstance(exc, UNREACHED) or earlier:
-                return upstream_error(exc, upstream, earlier)
+                return upstream_error(exc, upstream, meter, earlier)
             await pool.opened()
             other = pool.fallback(upstream)
             if other is None:
-                return upstream_error(exc, upstream, earlier)
+                return upstream_error(exc, upstream, meter, earlier)
+            meter.fell_back(upstream.version, type(exc).__name__)
             earlier = f"{upstream.version} failed: {type(exc).__name__}: {exc}"
             log.warning("gateway: %s; sending the call to %s", earlier, other.version)
             upstream = other
 
 
 async def complete(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient,
-                   spool: Spool, replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None,
-                   ) -> JSONResponse | StreamingResponse:
+                   spool: Spool, meter: CallMeter, replica: str = "",
+                   gone: Callable[[], Awaitable[bool]] | None = None) -> JSONResponse | StreamingResponse:
     """A chat completion. gone: says whether the client has hung up (Starlette's
-    `request.is_disconnected`)."""
+    `request.is_disconnected`). meter: ended by the caller, or by the stream at its end."""
     if request.get("stream"):
         call = (utc_now(), time.perf_counter(), new_completion_id(replica))
-        return await _stream(request, model_name, pool, client, spool, call)
-    return await answer(request, model_name, pool, client, spool, replica, gone)
+        return await _stream(request, model_name, pool, client, spool, call, meter)
+    return await answer(request, model_name, pool, client, spool, meter, replica, gone)
 
 
 async def answer(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
-                 replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None, api: Api = CHAT) -> JSONResponse:
+                 meter: CallMeter, replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None,
+                 api: Api = CHAT) -> JSONResponse:
     """An unstreamed call of `api`: its reply, logged before the client gets it."""
     received, started, completion_id = utc_now(), time.perf_counter(), new_completion_id(replica, api.id_prefix)
-    sent = await send_call(request, pool, client, api)
+    sent = await send_call(request, pool, client, meter, api)
     if isinstance(sent, JSONResponse):
         return sent
     lease, upstream, response = sent
@@ -171,7 +176,7 @@ async def answer(request: dict, model_name: str, pool: UpstreamPool, client: htt
         try:
             await response.aread()
         except httpx.HTTPError as exc:  # the head came, the body broke: not retried
-            return upstream_error(exc, upstream)
+            return upstream_error(exc, upstream, meter)
         finally:
             await response.aclose()
     if response.status_code != 200:
@@ -179,11 +184,12 @@ async def answer(request: dict, model_name: str, pool: UpstreamPool, client: htt
     try:
         body = reply_object(response.content)
     except ValueError as exc:
-        return upstream_error(exc, upstream)
+        return upstream_error(exc, upstream, meter)
     if gone is not None and await gone():
         return JSONResponse({}, status_code=499)  # nobody to send it to; nginx's "client closed request"
     body = {**body, "id": completion_id, "model": model_name}
     await spool.append_call(call_record(completion_id, received, upstream, request, body, False, started, api))
+    meter.usage = body.get("usage")
     return JSONResponse(body, headers={VERSION_HEADER: upstream.version})
 
 
@@ -195,10 +201,10 @@ def reply_object(content: bytes) -> dict:
 
 
 async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
-                  call: tuple[str, float, str]) -> JSONResponse | StreamingResponse:
+                  call: tuple[str, float, str], meter: CallMeter) -> JSONResponse | StreamingResponse:
     wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     # usage is always asked for, so the log has it; the client gets it only if it asked
-    sent = await send_call(request, pool, client,
+    sent = await send_call(request, pool, client, meter,
                            stream_options={**(request.get("stream_options") or {}), "include_usage": True})
     if isinstance(sent, JSONResponse):
         return sent
@@ -208,7 +214,7 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
             await response.aread()
             await response.aclose()
         return passthrough(response)
-    release = UpstreamRelease(response, lease)
+    release = UpstreamRelease(response, lease, meter)
     events = _relay(response, release, upstream, request, model_name, spool, call, wants_usage)
     return LeasedStream(events, release, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
 
@@ -235,10 +241,11 @@ class LeasedStream(StreamingResponse):
 
 
 class UpstreamRelease:
-    """Close the upstream stream and return the lease, once, whoever gets there first."""
+    """Close the upstream stream and return the lease, once, whoever gets there first; the
+    stream's call ends there, with the status its relay left in the meter (499 if none)."""
 
-    def __init__(self, response: httpx.Response, lease: AsyncExitStack) -> None:
-        self.response, self.lease, self.done = response, lease, False
+    def __init__(self, response: httpx.Response, lease: AsyncExitStack, meter: CallMeter) -> None:
+        self.response, self.lease, self.meter, self.done = response, lease, meter, False
 
     async def __call__(self) -> None:
         if self.done:
@@ -248,12 +255,13 @@ class UpstreamRelease:
             await self.response.aclose()
         finally:
             await self.lease.aclose()
+            self.meter.end(self.meter.status)
 
 
 async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: Upstream, request: dict, model_name: str,
                  spool: Spool, call: tuple[str, float, str], wants_usage: bool) -> AsyncIterator[bytes]:
     received, started, completion_id = call
-    assembly, held = StreamAssembly(), []
+    assembly, held, meter = StreamAssembly(), [], release.meter
     try:
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
@@ -269,6 +277,9 @@ async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: U
                 data = json.dumps(chunk)
             if "error" in chunk or chunk.get("object") == "error":  # generation failed midway (vLLM)
                 log.warning("gateway: upstream %s failed mid-stream: %s", upstream.version, data[:500])
+                meter.status = 502
+                meter.failed(upstream.version, "error_event")
+                meter.sending()
                 yield f"data: {data}\n\n".encode() + b"data: [DONE]\n\n"
                 return
             chunk = {**chunk, "id": completion_id, "model": model_name}
@@ -281,13 +292,19 @@ async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: U
             if is_final(chunk):
                 held.append(event)
             else:
+                meter.sending()
                 yield event
         else:  # the upstream hung up without [DONE]: not an answered call
             raise httpx.RemoteProtocolError(f"upstream {upstream.version} ended its stream without [DONE]")
         body = assembly.completion(completion_id, model_name)
         await spool.append_call(call_record(completion_id, received, upstream, request, body, True, started))
+        meter.status, meter.usage = 200, body.get("usage")
+        meter.sending()
         for event in held:
             yield event
         yield b"data: [DONE]\n\n"
+    except Exception as exc:
+        meter.broke(upstream.version, exc)
+        raise
     finally:
         await release()

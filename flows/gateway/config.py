@@ -16,6 +16,13 @@ class GatewayConfig:
     admin_keys: str = field(default="", repr=False)
     """FLYWHEEL_GATEWAY_ADMIN_KEYS: keys for /admin/* (switching upstreams, the canary);
     empty = the admin routes are off."""
+    metrics_public: bool = True
+    """FLYWHEEL_GATEWAY_METRICS_PUBLIC: whether `GET /metrics` answers without a key. True by
+    default: Prometheus scrapers rarely carry one, and the metrics hold counts, timings and
+    model versions (which /health already shows), never a key, an id or a word of a call.
+    What they do tell, traffic volume and error rates, is for the operator: a gateway whose
+    port the public reaches (not only a balancer's /v1 routes) sets false, and its scraper
+    then sends an admin key (`authorization: credentials_file:` in Prometheus's job)."""
     upstream: str = ""
     """FLYWHEEL_GATEWAY_UPSTREAM: an OpenAI-compatible server (http://host:port) to forward
     to. Empty = the gateway starts `vllm serve` of the production model itself and follows
@@ -100,6 +107,9 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.rate_limit_rps < 0 or self.rate_limit_burst < 0:
             raise ValueError("rate_limit_rps and rate_limit_burst must be >= 0 (0: no limit, one second's worth)")
+        if not self.metrics_public and not self.admin_key_set:
+            raise ValueError("metrics_public = false needs admin_keys (FLYWHEEL_GATEWAY_ADMIN_KEYS): /metrics then "
+                             "answers only an admin key, and with none it would answer nobody")
         if self.swap not in ("reload", "restart"):
             raise ValueError(f"swap must be 'reload' or 'restart', got {self.swap!r}")
         if self.rate_limit_scope not in ("replica", "cluster"):

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from flows.gateway.calls import (VERSION_HEADER, Api, LeasedStream, UpstreamRelease, answer, call_record,
                                  new_completion_id, passthrough, reply_object, send_call, utc_now)
+from flows.gateway.metrics import CallMeter
 from flows.gateway.spool import Spool
 from flows.gateway.upstreams import Upstream, UpstreamPool
 from tasks.ingest.responses_api import RESPONSES
@@ -41,12 +42,12 @@ log = logging.getLogger("flywheel.gateway")
 
 
 async def respond(request: dict, model_name: str, pool: UpstreamPool, client: httpx.AsyncClient, spool: Spool,
-                  replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None,
+                  meter: CallMeter, replica: str = "", gone: Callable[[], Awaitable[bool]] | None = None,
                   ) -> JSONResponse | StreamingResponse:
     if not request.get("stream"):
-        return await answer(request, model_name, pool, client, spool, replica, gone, RESPONSES_API)
+        return await answer(request, model_name, pool, client, spool, meter, replica, gone, RESPONSES_API)
     call = (utc_now(), time.perf_counter(), new_completion_id(replica, RESPONSES_API.id_prefix))
-    sent = await send_call(request, pool, client, RESPONSES_API)
+    sent = await send_call(request, pool, client, meter, RESPONSES_API)
     if isinstance(sent, JSONResponse):
         return sent
     lease, upstream, response = sent
@@ -55,7 +56,7 @@ async def respond(request: dict, model_name: str, pool: UpstreamPool, client: ht
             await response.aread()
             await response.aclose()
         return passthrough(response)
-    release = UpstreamRelease(response, lease)
+    release = UpstreamRelease(response, lease, meter)
     events = _relay(response, release, upstream, request, model_name, spool, call)
     return LeasedStream(events, release, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
 
@@ -63,6 +64,7 @@ async def respond(request: dict, model_name: str, pool: UpstreamPool, client: ht
 async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: Upstream, request: dict,
                  model_name: str, spool: Spool, call: tuple[str, float, str]) -> AsyncIterator[bytes]:
     received, started, response_id = call
+    meter = release.meter
     try:
         async for event in _events(response):
             try:
@@ -76,15 +78,24 @@ async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: U
             frame = f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
             if kind in FAILED_EVENTS:
                 log.warning("gateway: upstream %s failed mid-stream: %s", upstream.version, event[:500])
+                meter.status = 502
+                meter.failed(upstream.version, "error_event")
+                meter.sending()
                 yield frame
                 return
             if kind in FINAL_EVENTS and isinstance(data.get("response"), dict):
                 await spool.append_call(call_record(response_id, received, upstream, request, data["response"],
                                                     True, started, RESPONSES_API))
+                meter.status, meter.usage = 200, data["response"].get("usage")
+                meter.sending()
                 yield frame
                 return
+            meter.sending()
             yield frame
         raise httpx.RemoteProtocolError(f"upstream {upstream.version} ended its stream without {FINAL_EVENTS[0]}")
+    except Exception as exc:
+        meter.broke(upstream.version, exc)
+        raise
     finally:
         await release()
 

@@ -89,6 +89,9 @@ class Shipper:
         self._shipping = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.batches_shipped = 0
+        self.failures = 0
+        """Rounds of the thread's shipping that failed (each is retried at the next poll)."""
 
     def ship_due(self, now: float | None = None) -> list[str]:
         """Re-ship batches a crash left planned, then ship new batches while the pending
@@ -130,6 +133,7 @@ class Shipper:
             try:
                 self.ship_due()
             except Exception:  # an unreachable landing must not end shipping: retry next poll
+                self.failures += 1
                 log.exception("shipping the gateway spool failed; retrying in %.1f s", self.cfg.poll_s)
             if time.monotonic() - pruned_at >= self.cfg.prune_every_s:
                 pruned_at = time.monotonic()
@@ -155,6 +159,7 @@ class Shipper:
     def _ship(self, batch: Batch) -> str:
         uri = self.landing.put(batch.key, encode_batch(self.spool.batch_lines(batch)))
         self.spool.mark_shipped(batch)
+        self.batches_shipped += 1
         return uri
 
 

@@ -187,6 +187,13 @@ class Spool:
                           (batch.first_seq, batch.last_seq))
         return [text for (text,) in rows]
 
+    def unshipped(self) -> tuple[int, int, float | None]:
+        """(records not shipped yet, batched or not, their JSON bytes, time.time() of the
+        oldest one's append or None): a shipped batch's records leave the table."""
+        [(count, size, oldest)] = self._read(
+            "SELECT count(*), coalesce(sum(size), 0), min(appended_at) FROM records")
+        return count, size, oldest
+
     def has_call(self, completion_id: str) -> bool:
         return bool(self._read("SELECT 1 FROM calls WHERE id = ?", (completion_id,)))
 

@@ -91,6 +91,8 @@ class UpstreamPool:
         """Replaced upstreams still finishing their calls; a swap does not wait for them."""
         self._open = asyncio.Event()
         self._open.set()
+        self.swaps = {"reload": 0, "switch": 0, "canary": 0}
+        """Swaps done: in place, to a new primary server, of the canary (set or removed)."""
 
     async def opened(self) -> None:
         """Return once calls may start: at once, except during an in-place swap."""
@@ -120,6 +122,7 @@ class UpstreamPool:
                 return False
         await load()
         self.primary = Upstream(version, old.url, old.served_name, old.process, drop_fields=old.drop_fields)
+        self.swaps["reload"] += 1
         self._open.set()
         return True
 
@@ -156,6 +159,7 @@ class UpstreamPool:
             new = self.canary  # a promoted canary is already warm: it just takes all traffic
             self.canary, self.canary_share = None, 0.0
         old, self.primary = self.primary, new
+        self.swaps["switch"] += 1
         log.info("gateway: primary is now %s (%s); draining %s", new.version, new.url, old.version)
         if old is not new and old is not self.canary:
             self._retire_later(old, drain_s)
@@ -168,6 +172,7 @@ class UpstreamPool:
                 raise UpstreamError(f"a canary share must be in (0, 1), got {share}")
             await probe(client, new.url)
         old, self.canary, self.canary_share = self.canary, new, (share if new else 0.0)
+        self.swaps["canary"] += 1
         if old is not None and old is not new and old is not self.primary:
             self._retire_later(old, drain_s)
 

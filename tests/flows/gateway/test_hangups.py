@@ -13,6 +13,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from flows.gateway.calls import LeasedStream, UpstreamRelease
+from flows.gateway.metrics import GatewayMetrics
 from tests.flows.gateway.conftest import KEY, shipped_records, start_gateway, start_upstream_script
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,12 +70,18 @@ def test_a_stream_ended_at_its_head_by_an_asgi_2_4_server_still_returns_the_leas
         lease = AsyncExitStack()
         lease.callback(returned.append, "lease")
         upstream_response = httpx.Response(200, content=b"")
-        stream = LeasedStream(never_started(), UpstreamRelease(upstream_response, lease), media_type="text/event-stream")
+        stream = LeasedStream(never_started(), UpstreamRelease(upstream_response, lease, meter),
+                              media_type="text/event-stream")
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}}
         with pytest.raises(ClientDisconnect):
             await stream(scope, receive, gone)
         await stream.release()  # once only, whoever gets there first
         assert upstream_response.is_closed
 
+    metrics = GatewayMetrics()
+    meter = metrics.call("chat")
     asyncio.run(run())
     assert returned == ["lease"]
+    # counted once, as a call whose client left (the release ran twice)
+    assert metrics.registry.get_sample_value("flywheel_gateway_calls_total", {
+        "api": "chat", "stream": "false", "status": "499", "version": ""}) == 1

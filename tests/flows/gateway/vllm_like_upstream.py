@@ -16,6 +16,7 @@ serve cannot reason, call several tools at once or break a tool call on purpose)
 - `samples`: each choice says its index (`sample 0`, `sample 1`, ...);
 - `echo`: the body the upstream received, as the reply's content;
 - anything else: a plain answer.
+A Responses API call (`/v1/responses`) gets one short answer, streamed when asked.
 Every reply has `n` choices and, when asked (`logprobs`, `top_logprobs`), per-token
 logprobs. A stream is cut from the same reply as vLLM cuts one: a role chunk, then small
 deltas (a tool call's id and name first, its arguments in fragments) interleaved across
@@ -118,11 +119,36 @@ def stream_events(version: str, request: dict) -> list[bytes]:
     return [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
 
 
+RESPONSE_USAGE = {"input_tokens": 7, "output_tokens": 5, "total_tokens": 12}
+
+
+def response_object(version: str, status: str = "completed") -> dict:
+    """A Responses API reply as vLLM's /v1/responses sends one: a message of one text part."""
+    return {"id": "resp_upstream", "object": "response", "created_at": 1700000000, "model": version,
+            "status": status, "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": status,
+                                          "content": [{"type": "output_text", "text": "ok", "annotations": []}]}],
+            "usage": RESPONSE_USAGE, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True}
+
+
+def response_events(version: str) -> bytes:
+    events = [{"type": "response.created", "response": response_object(version, "in_progress")},
+              {"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0,
+               "delta": "ok"},
+              {"type": "response.completed", "response": response_object(version)}]
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n".encode()
+                    for i, e in enumerate(events))
+
+
 def handler(version: str) -> type[ScriptedUpstream]:
     class Handler(ScriptedUpstream):
 
         def do_POST(self) -> None:
             request = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+            if self.path == "/v1/responses":  # whatever the input, one short answer (`usage`: RESPONSE_USAGE)
+                self.reply(response_events(version) if request.get("stream") else
+                           json.dumps(response_object(version)).encode(),
+                           "text/event-stream" if request.get("stream") else "application/json")
+                return
             if not request.get("stream"):
                 self.reply(json.dumps(completion(version, request)).encode())
                 return
