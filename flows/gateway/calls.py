@@ -204,8 +204,21 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
                   call: tuple[str, float, str], meter: CallMeter) -> JSONResponse | StreamingResponse:
     wants_usage = bool((request.get("stream_options") or {}).get("include_usage"))
     # usage is always asked for, so the log has it; the client gets it only if it asked
-    sent = await send_call(request, pool, client, meter,
-                           stream_options={**(request.get("stream_options") or {}), "include_usage": True})
+    return await stream_call(
+        request, pool, client, meter, CHAT,
+        lambda response, release, upstream: _relay(response, release, upstream, request, model_name, spool, call,
+                                                   wants_usage),
+        stream_options={**(request.get("stream_options") or {}), "include_usage": True})
+
+
+Relay = Callable[[httpx.Response, "UpstreamRelease", Upstream], AsyncIterator[bytes]]
+
+
+async def stream_call(request: dict, pool: UpstreamPool, client: httpx.AsyncClient, meter: CallMeter, api: Api,
+                      relay: Relay, **overrides) -> JSONResponse | StreamingResponse:
+    """A streamed call of `api`: sent (send_call), an upstream's refusal passed on, else the
+    events `relay` makes of the upstream's stream, the lease returned however it ends."""
+    sent = await send_call(request, pool, client, meter, api, **overrides)
     if isinstance(sent, JSONResponse):
         return sent
     lease, upstream, response = sent
@@ -215,8 +228,8 @@ async def _stream(request: dict, model_name: str, pool: UpstreamPool, client: ht
             await response.aclose()
         return passthrough(response)
     release = UpstreamRelease(response, lease, meter)
-    events = _relay(response, release, upstream, request, model_name, spool, call, wants_usage)
-    return LeasedStream(events, release, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
+    return LeasedStream(relay(response, release, upstream), release, media_type="text/event-stream",
+                        headers={VERSION_HEADER: upstream.version})
 
 
 class LeasedStream(StreamingResponse):

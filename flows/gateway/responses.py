@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from flows.gateway.calls import (VERSION_HEADER, Api, LeasedStream, UpstreamRelease, answer, call_record,
-                                 new_completion_id, passthrough, reply_object, send_call, utc_now)
+from flows.gateway.calls import (Api, UpstreamRelease, answer, call_record, new_completion_id, reply_object,
+                                 stream_call, utc_now)
 from flows.gateway.metrics import CallMeter
 from flows.gateway.spool import Spool
 from flows.gateway.upstreams import Upstream, UpstreamPool
@@ -47,18 +47,9 @@ async def respond(request: dict, model_name: str, pool: UpstreamPool, client: ht
     if not request.get("stream"):
         return await answer(request, model_name, pool, client, spool, meter, replica, gone, RESPONSES_API)
     call = (utc_now(), time.perf_counter(), new_completion_id(replica, RESPONSES_API.id_prefix))
-    sent = await send_call(request, pool, client, meter, RESPONSES_API)
-    if isinstance(sent, JSONResponse):
-        return sent
-    lease, upstream, response = sent
-    if response.status_code != 200:
-        async with lease:
-            await response.aread()
-            await response.aclose()
-        return passthrough(response)
-    release = UpstreamRelease(response, lease, meter)
-    events = _relay(response, release, upstream, request, model_name, spool, call)
-    return LeasedStream(events, release, media_type="text/event-stream", headers={VERSION_HEADER: upstream.version})
+    return await stream_call(request, pool, client, meter, RESPONSES_API,
+                             lambda response, release, upstream: _relay(response, release, upstream, request,
+                                                                         model_name, spool, call))
 
 
 async def _relay(response: httpx.Response, release: UpstreamRelease, upstream: Upstream, request: dict,

@@ -12,7 +12,7 @@ second connection: WAL lets them run while the writer commits.
 written (shipping.py), so a batch re-shipped after a crash is the same file under the
 same key: that is what makes shipping exactly-once.
 
-Tables:
+Tables (created by spool_file.py, which opens the file):
   meta(key, value)             the gateway id (made once) and the last seq handed out
   records(seq, appended_at, size, record)   the JSON of records not yet shipped
   calls(id, seq, choices)      every call ever logged: feedback joins to it after shipping;
@@ -32,13 +32,11 @@ Deliberately not here: HTTP, and the file format on the landing side (shipping.p
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import queue
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -46,20 +44,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from flows.gateway.spool_file import connect, create_tables, load_meta, lock_exclusively
 from tasks.ingest.gateway_records import GATEWAY_FOLDER, RECORD_TYPES
 from tasks.ingest.responses_api import RESPONSES
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS records (
-    seq INTEGER PRIMARY KEY, appended_at REAL NOT NULL, size INTEGER NOT NULL, record TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS calls (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, choices INTEGER) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS feedback (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, record TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS batches (
-    first_seq INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, key TEXT NOT NULL, shipped_at REAL);
-CREATE INDEX IF NOT EXISTS calls_by_seq ON calls (seq);
-CREATE INDEX IF NOT EXISTS feedback_by_seq ON feedback (seq);
-"""
 # Rows deleted per writer job when pruning, so appends wait for at most one such slice.
 _PRUNE_SLICE = 5000
 # Batches are contiguous and planned in seq order, so the newest one bounds what is batched.
@@ -97,12 +85,11 @@ class Spool:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "spool.sqlite"
-        self._lock_file = _lock_exclusively(folder / "spool.lock")
-        self._writer = _connect(self.path)
-        self._writer.executescript(_SCHEMA)
-        _count_choices(self._writer)
-        self.gateway_id, self._last_seq = _load_meta(self._writer)
-        self._reader = _connect(self.path)
+        self._lock_file = lock_exclusively(folder / "spool.lock")
+        self._writer = connect(self.path)
+        create_tables(self._writer)
+        self.gateway_id, self._last_seq = load_meta(self._writer)
+        self._reader = connect(self.path)
         self._read_lock = threading.Lock()
         self.commits = 0
         """Transactions the writer committed; far fewer than appends under concurrency."""
@@ -367,41 +354,3 @@ def _check_record(record: Any, expected_type: str) -> None:
     if not isinstance(record.get("id"), str) or not record["id"]:
         raise ValueError(f"a {kind} record needs `id`, the completion id as a non-empty string; "
                          f"got {record.get('id')!r}")
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    # Autocommit mode: the writer's transactions are its explicit BEGIN IMMEDIATE/COMMIT.
-    con = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit: durable on power loss too
-    return con
-
-
-def _count_choices(con: sqlite3.Connection) -> None:
-    """Give a spool made before calls counted their choices the column (NULL for its calls)."""
-    if "choices" not in [row[1] for row in con.execute("PRAGMA table_info(calls)")]:
-        con.execute("ALTER TABLE calls ADD COLUMN choices INTEGER")
-
-
-def _load_meta(con: sqlite3.Connection) -> tuple[str, int]:
-    """(gateway id, last seq handed out); the id is made on first open and kept for good."""
-    con.execute("BEGIN IMMEDIATE")
-    con.execute("INSERT OR IGNORE INTO meta VALUES ('gateway_id', ?)", (uuid.uuid4().hex[:12],))
-    con.execute("INSERT OR IGNORE INTO meta VALUES ('last_seq', '0')")
-    con.execute("COMMIT")
-    meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-    return meta["gateway_id"], int(meta["last_seq"])
-
-
-def _lock_exclusively(path: Path):
-    """Hold an exclusive lock on the spool for this process's lifetime. The writer counts
-    seqs in memory, so two processes on one spool would hand out the same seq; the kernel
-    drops the lock when the process dies, even by SIGKILL."""
-    handle = open(path, "a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise RuntimeError(f"the spool in {path.parent} is in use by another Spool (another gateway "
-                           "process, or an unclosed Spool in this one); give each gateway its own folder") from None
-    return handle
